@@ -1,0 +1,80 @@
+"""The hooks a kernels-core plugin implements.
+
+Each hook has one concern. Results are plain frozen data (see :mod:`kernels_core._types`); the core calls every
+plugin's implementation separately, so one plugin that raises is skipped without taking the others down, and
+ordering between plugins never depends on pluggy's registration order: priority is data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+
+if TYPE_CHECKING:
+    from ._types import BackendInfo
+    from ._types import Binding
+    from ._types import KernelSpec
+    from ._types import LayerKind
+    from ._types import Match
+
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec"]
+
+PROJECT_NAME = "kernels_core"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def kernels_core_detect_devices() -> Iterable[BackendInfo]:
+    """Report the backends this plugin can drive and the devices present for each.
+
+    Must be cheap and never raise: import the vendor runtime lazily, and when the hardware or runtime is
+    missing return a :class:`~kernels_core.BackendInfo` with no devices (or nothing) and log the reason at DEBUG.
+    Must not import kernel code (Triton, Liger, fused-op libraries).
+
+    Example:
+        >>> from kernels_core import BackendInfo, DeviceInfo, hookimpl
+        >>> @hookimpl
+        ... def kernels_core_detect_devices():
+        ...     return [BackendInfo(backend="cpu", device_type="cpu", devices=(DeviceInfo(0, "host"),))]
+    """
+
+
+@hookspec
+def kernels_core_layer_kinds() -> Iterable[LayerKind]:
+    """Declare layer kinds (families of layers sharing one piece of math) this plugin adds.
+
+    The core declares the kinds transformers models need; a plugin adds a kind only for math the core does not
+    know. Matchers and adapters are lazy ``module:attr`` references.
+    """
+
+
+@hookspec
+def kernels_core_kernels() -> Iterable[KernelSpec]:
+    """Declare the kernels this plugin offers, as :class:`~kernels_core.KernelSpec` values.
+
+    Listing must import no kernel module: ``KernelSpec.impl`` is a lazy reference resolved only when kernelize
+    chooses the kernel.
+
+    Example:
+        >>> from kernels_core import KernelSpec, Supports, hookimpl
+        >>> @hookimpl
+        ... def kernels_core_kernels():
+        ...     return [KernelSpec(id="cpu.rms_norm.mine", kind="rms_norm", variants=("standard",),
+        ...                        backend="cpu", impl="my_plugin.ops:rms_norm", supports=Supports.BACKWARD)]
+    """
+
+
+@hookspec(firstresult=True)
+def kernels_core_bind_kernel(module: object, match: Match, kernel: KernelSpec, forward: object) -> Binding | None:
+    """Decide how a chosen kernel is attached to one module instance.
+
+    ``forward`` is the per-instance forward the core built for this kernel from the kind's adapter. The core's
+    default implementation (``trylast``) returns ``Binding({"forward": forward})``. A plugin that must attach
+    its own kernels differently returns another :class:`~kernels_core.Binding` for them and ``None`` for every
+    kernel it does not own. The core applies the attributes itself and records what they replace, so
+    bindings stay atomic and reversible.
+    """

@@ -1,0 +1,349 @@
+"""Plain, frozen values that cross the plugin boundary.
+
+Everything a plugin hands to the core is one of these dataclasses. They hold no torch objects and import no
+kernel code, so listing devices and kernels stays cheap; each validates itself on construction so that a
+malformed declaration fails inside the plugin that made it, where the loader can isolate it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from dataclasses import field
+
+
+__all__ = [
+    "BackendInfo",
+    "Binding",
+    "CapabilityRange",
+    "DeviceInfo",
+    "KernelSpec",
+    "Decline",
+    "LayerKind",
+    "Match",
+    "Mode",
+    "Supports",
+]
+
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+ANY_BACKEND = "any"
+
+
+class Mode(enum.Flag):
+    """How the kernelized model will run.
+
+    ``INFERENCE`` and ``TRAINING`` are mutually exclusive; ``TORCH_COMPILE`` may be added to either.
+
+    Example:
+        >>> Mode.TRAINING | Mode.TORCH_COMPILE
+        <Mode.TRAINING|TORCH_COMPILE: 6>
+    """
+
+    INFERENCE = enum.auto()
+    TRAINING = enum.auto()
+    TORCH_COMPILE = enum.auto()
+
+    def validate(self) -> Mode:
+        """Return ``self`` if it is a usable kernelize mode, else raise ``ValueError``."""
+        has_inference = bool(self & Mode.INFERENCE)
+        has_training = bool(self & Mode.TRAINING)
+        if has_inference and has_training:
+            raise ValueError("Mode.INFERENCE and Mode.TRAINING are mutually exclusive; pick one.")
+        if not (has_inference or has_training):
+            raise ValueError(
+                f"mode {self!r} must contain Mode.INFERENCE or Mode.TRAINING "
+                "(optionally combined with Mode.TORCH_COMPILE)."
+            )
+        return self
+
+
+class Supports(enum.Flag):
+    """What a kernel can do beyond a plain eager forward pass.
+
+    A kernel without ``BACKWARD`` is inference-only; one without ``TORCH_COMPILE`` is not chosen when the
+    kernelize mode includes ``Mode.TORCH_COMPILE``.
+    """
+
+    NONE = 0
+    BACKWARD = enum.auto()
+    TORCH_COMPILE = enum.auto()
+
+    @classmethod
+    def ALL(cls) -> Supports:  # noqa: N802 - reads like a member at call sites
+        return cls.BACKWARD | cls.TORCH_COMPILE
+
+
+def _check_id(value: str, what: str) -> None:
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise ValueError(f"{what} {value!r} must be a lowercase identifier matching {_ID_RE.pattern}")
+
+
+def _check_name(value: str, what: str) -> None:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(f"{what} {value!r} must be a snake_case name matching {_NAME_RE.pattern}")
+
+
+def _check_ref(value: str, what: str) -> None:
+    if not isinstance(value, str) or not _REF_RE.match(value):
+        raise ValueError(f"{what} {value!r} must be a lazy reference of the form 'package.module:attribute'")
+
+
+@dataclass(frozen=True)
+class CapabilityRange:
+    """An inclusive range of CUDA-style compute capabilities, ``(major, minor)`` tuples.
+
+    Example:
+        >>> CapabilityRange(min=(8, 0)).contains((9, 0))
+        True
+    """
+
+    min: tuple[int, int] = (0, 0)
+    max: tuple[int, int] = (999, 999)
+
+    def __post_init__(self) -> None:
+        for bound in (self.min, self.max):
+            if not (isinstance(bound, tuple) and len(bound) == 2 and all(isinstance(v, int) for v in bound)):
+                raise ValueError(f"capability bound {bound!r} must be a (major, minor) tuple of ints")
+        if self.min > self.max:
+            raise ValueError(f"capability range is empty: min {self.min} > max {self.max}")
+
+    def contains(self, capability: tuple[int, int]) -> bool:
+        return self.min <= capability <= self.max
+
+    def __str__(self) -> str:
+        return f"{self.min[0]}.{self.min[1]}-{self.max[0]}.{self.max[1]}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device a backend can drive.
+
+    Args:
+        index: the torch device index (``cuda:1`` has index 1).
+        name: a human-readable name, e.g. ``"NVIDIA H100 80GB HBM3"``.
+        capability: CUDA compute capability as ``(major, minor)``, where the backend has one.
+        arch: an architecture string where capability numbers do not apply (``"gfx942"``, ``"Ascend910B2"``).
+    """
+
+    index: int
+    name: str
+    capability: tuple[int, int] | None = None
+    arch: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.index, int) or self.index < 0:
+            raise ValueError(f"device index {self.index!r} must be a non-negative int")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("device name must be a non-empty string")
+        if self.capability is not None and not (
+            isinstance(self.capability, tuple) and len(self.capability) == 2
+            and all(isinstance(v, int) for v in self.capability)
+        ):
+            raise ValueError(f"capability {self.capability!r} must be a (major, minor) tuple of ints or None")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What one plugin reports about the hardware it can drive.
+
+    Example:
+        >>> BackendInfo(backend="cpu", device_type="cpu", devices=(DeviceInfo(0, "host CPU"),), priority=0).count
+        1
+
+    Args:
+        backend: the backend name kernels are declared for (``"cuda"``, ``"rocm"``, ``"npu"``, ``"cpu"``...).
+        device_type: the torch device type its tensors report (ROCm tensors report ``"cuda"``).
+        devices: the devices found; empty when the hardware is absent.
+        priority: which backend wins when two claim the same torch device; higher wins.
+        runtime: runtime or driver version string, informational.
+    """
+
+    backend: str
+    device_type: str
+    devices: tuple[DeviceInfo, ...] = ()
+    priority: int = 0
+    runtime: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_name(self.backend, "backend")
+        if self.backend == ANY_BACKEND:
+            raise ValueError(f"backend name {ANY_BACKEND!r} is reserved for portable kernels")
+        _check_name(self.device_type, "device_type")
+        if not isinstance(self.devices, tuple) or not all(isinstance(d, DeviceInfo) for d in self.devices):
+            raise ValueError("devices must be a tuple of DeviceInfo")
+        if not isinstance(self.priority, int):
+            raise ValueError(f"priority {self.priority!r} must be an int")
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    def device(self, index: int) -> DeviceInfo | None:
+        return next((d for d in self.devices if d.index == index), None)
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """A family of layers that share one piece of math, e.g. RMSNorm.
+
+    Example:
+        >>> LayerKind(name="rms_norm", description="RMS normalisation", variants=("standard", "offset"),
+        ...           matcher="kernels_core._kinds._rms_norm:match", adapter="kernels_core._kinds._rms_norm:adapt")
+        ... # doctest: +ELLIPSIS
+        LayerKind(name='rms_norm', ...)
+
+    Args:
+        name: unique snake_case name used by kernel specs and configuration.
+        description: one line for listings.
+        variants: the variant names the matcher can report; kernels declare the subset they handle.
+        matcher: lazy ``module:attr`` of ``match(module, qualified_name, ctx) -> Match | Decline | None``.
+        adapter: lazy ``module:attr`` of ``adapt(match, impl, options) -> forward`` building the instance forward
+            from a kernel implementation that follows this kind's calling convention.
+        hint_names: transformers ``kernel_layer_name`` markers that point at this kind.
+    """
+
+    name: str
+    description: str
+    variants: tuple[str, ...]
+    matcher: str
+    adapter: str
+    hint_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "layer kind name")
+        if not self.variants or not all(isinstance(v, str) and _NAME_RE.match(v) for v in self.variants):
+            raise ValueError(f"layer kind {self.name!r}: variants must be a non-empty tuple of snake_case names")
+        _check_ref(self.matcher, f"layer kind {self.name!r} matcher")
+        _check_ref(self.adapter, f"layer kind {self.name!r} adapter")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A declaration of one kernel: what it implements, where it runs, and how to load it.
+
+    Nothing here imports the kernel; ``impl`` is resolved only when kernelize picks it.
+
+    Example:
+        >>> KernelSpec(id="cpu.rms_norm.example", kind="rms_norm", variants=("standard",), backend="cpu",
+        ...            impl="my_pkg.kernels:rms_norm", priority=10, supports=Supports.BACKWARD,
+        ...            dtypes=("float32",)).id
+        'cpu.rms_norm.example'
+
+    Args:
+        id: globally unique kernel id, conventionally ``<backend>.<kind>.<name>``.
+        kind: the :class:`LayerKind` name it implements.
+        variants: variants of the kind it handles (e.g. ``("standard", "offset")`` for RMSNorm).
+        backend: the backend it runs on, or ``"any"`` for portable PyTorch kernels.
+        impl: lazy ``module:attr`` reference to the implementation, following the kind's calling convention.
+        priority: higher is preferred among kernels that qualify for a module.
+        supports: backward and torch.compile support.
+        dtypes: parameter dtypes it accepts, by torch name without the ``torch.`` prefix.
+        capability: compute-capability range, for backends that report one.
+        archs: architecture strings it is restricted to (ROCm gfx names, Ascend SoCs); empty means any.
+        requires: distributions it needs, as PEP 508 requirement strings (``"liger-kernel>=0.8"``).
+        description: one line for listings and reports.
+    """
+
+    id: str
+    kind: str
+    variants: tuple[str, ...]
+    backend: str
+    impl: str
+    priority: int = 0
+    supports: Supports = Supports.BACKWARD
+    dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
+    capability: CapabilityRange | None = None
+    archs: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_id(self.id, "kernel id")
+        _check_name(self.kind, f"kernel {self.id!r}: kind")
+        if not self.variants or not all(isinstance(v, str) for v in self.variants):
+            raise ValueError(f"kernel {self.id!r}: variants must be a non-empty tuple of strings")
+        _check_name(self.backend, f"kernel {self.id!r}: backend")
+        _check_ref(self.impl, f"kernel {self.id!r}: impl")
+        if not isinstance(self.priority, int):
+            raise ValueError(f"kernel {self.id!r}: priority {self.priority!r} must be an int")
+        if not isinstance(self.supports, Supports):
+            raise ValueError(f"kernel {self.id!r}: supports must be a Supports flag, got {self.supports!r}")
+        unknown = set(self.dtypes) - _DTYPES
+        if not self.dtypes or unknown:
+            raise ValueError(
+                f"kernel {self.id!r}: dtypes {sorted(unknown) or '()'} invalid; allowed: {sorted(_DTYPES)}"
+            )
+        if self.capability is not None and not isinstance(self.capability, CapabilityRange):
+            raise ValueError(f"kernel {self.id!r}: capability must be a CapabilityRange or None")
+        if not isinstance(self.archs, tuple) or not isinstance(self.requires, tuple):
+            raise ValueError(f"kernel {self.id!r}: archs and requires must be tuples")
+        for requirement in self.requires:
+            _parse_requirement(requirement, self.id)
+
+    @property
+    def portable(self) -> bool:
+        return self.backend == ANY_BACKEND
+
+
+def _parse_requirement(requirement: str, kernel_id: str) -> object:
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement
+
+    try:
+        return Requirement(requirement)
+    except InvalidRequirement as exc:
+        raise ValueError(f"kernel {kernel_id!r}: requirement {requirement!r} is not PEP 508: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a bind hook returns: the instance attributes to set on one module.
+
+    The core sets them and records what they replaced, so every binding is undone exactly by
+    :func:`kernels_core.unkernelize` and rolled back if a later binding in the same call fails.
+    """
+
+    attributes: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attributes, dict) or not all(isinstance(k, str) for k in self.attributes):
+            raise ValueError("Binding.attributes must be a dict keyed by attribute name")
+
+
+@dataclass(frozen=True)
+class Match:
+    """A matcher's verdict that a module computes a layer kind's math, in one variant.
+
+    Args:
+        kind: the layer kind name.
+        variant: one of the kind's variants.
+        params: what the kind's adapter needs to call a kernel (epsilon, offset, casting, ...); plain values.
+        evidence: why the matcher is sure, for the report (``"probe matched offset reference"``).
+    """
+
+    kind: str
+    variant: str
+    params: dict[str, object] = field(default_factory=dict)
+    evidence: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name(self.kind, "match kind")
+        if not isinstance(self.variant, str) or not self.variant:
+            raise ValueError("match variant must be a non-empty string")
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A matcher's verdict that a module looks like a layer kind but must be left alone, and why."""
+
+    kind: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        _check_name(self.kind, "decline kind")
+        if not isinstance(self.reason, str) or not self.reason:
+            raise ValueError("a Decline needs a reason")
