@@ -1,0 +1,1 @@
+"""The core's built-in plugin (placeholder until the loader lands)."""
