@@ -1,0 +1,58 @@
+"""The core's portable kernels: pure PyTorch, any device, lowest priority.
+
+Only declarations live here. Importing this package imports no torch and no kernel module; each ``impl`` is a
+lazy ``module:attr`` reference that the core resolves when kernelize picks it. Vendor plugins declare
+priorities of 100 and above, so on their hardware they win over these automatically.
+
+Example:
+    >>> from kernels_core._portable import SPECS
+    >>> sorted(spec.kind for spec in SPECS)
+    ['causal_lm_loss', 'rms_norm', 'silu_gated_mlp']
+"""
+
+from __future__ import annotations
+
+from .._types import KernelSpec
+from .._types import Supports
+
+
+__all__ = ["SPECS"]
+
+_ALL_FLOATS = ("float16", "bfloat16", "float32")
+_TRAINABLE = Supports.BACKWARD | Supports.TORCH_COMPILE
+
+SPECS: tuple[KernelSpec, ...] = (
+    KernelSpec(
+        id="any.causal_lm_loss.chunked",
+        kind="causal_lm_loss",
+        variants=("standard", "softcap"),
+        backend="any",
+        impl="kernels_core._portable._cross_entropy:fused_linear_cross_entropy",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="chunked fused linear cross-entropy; never materializes [tokens, vocab] logits",
+    ),
+    KernelSpec(
+        id="any.rms_norm.recompute",
+        kind="rms_norm",
+        variants=("standard", "offset"),
+        backend="any",
+        impl="kernels_core._portable._rms_norm:rms_norm",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="torch rms_norm in the module's precision; recomputed in backward instead of saved",
+    ),
+    KernelSpec(
+        id="any.silu_gated_mlp.recompute",
+        kind="silu_gated_mlp",
+        variants=("split", "fused"),
+        backend="any",
+        impl="kernels_core._portable._silu_mul:silu_mul",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="silu(gate) * up saving gate and up only; silu recomputed in backward",
+    ),
+)

@@ -1,0 +1,206 @@
+"""Chunked fused linear cross-entropy: the causal-LM loss without ever materializing ``[tokens, vocab]`` logits.
+
+Eager training computes ``logits = lm_head(hidden)`` for every token, upcasts them to float32, and keeps them
+(and their gradient, and ``log_softmax``'s output) alive until backward: with a 151,936-token vocabulary that
+is several times the size of the whole model. Here the forward pass walks the tokens in chunks, and for each
+chunk computes the logits, the loss rows and *already* the gradients w.r.t. the hidden states and the LM-head
+weight (the softmax minus the one-hot target is all the backward needs). Only one chunk of logits is alive at
+any time; backward merely scales the stored gradients by ``grad_output``.
+
+Example:
+    >>> import torch
+    >>> from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
+    >>> hidden = torch.randn(10, 8, requires_grad=True)
+    >>> weight = torch.randn(32, 8, requires_grad=True)
+    >>> labels = torch.tensor([1, 2, -100, 4, 5, 6, 7, 8, 9, 10])
+    >>> loss = fused_linear_cross_entropy(hidden, weight, labels, bias=None, ignore_index=-100,
+    ...                                   num_items_in_batch=None, softcap=None)
+    >>> loss.backward()
+    >>> loss.dtype, hidden.grad.shape, weight.grad.shape
+    (torch.float32, torch.Size([10, 8]), torch.Size([32, 8]))
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F  # noqa: N812 - the conventional alias
+
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "chunk_rows",
+    "fused_linear_cross_entropy",
+]
+
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+"""Bytes of per-chunk logit work space (256 MiB).
+
+Chosen so that, for a 151,936-token vocabulary, a chunk holds ~220 tokens: big enough that the three GEMMs
+per chunk keep a CPU or GPU busy, small enough that the chunk is a minor part of peak memory on a laptop.
+"""
+
+# float32 logits + their cast copy for the gradient GEMMs + one float32 temporary (softcap's tanh), per logit.
+_WORK_BYTES_PER_LOGIT = 12
+# Multiples of 16 rows keep GEMM tiles full on tensor-core hardware; harmless elsewhere.
+_ROW_ALIGN = 16
+
+
+def chunk_rows(num_tokens: int, vocab_size: int, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
+    """How many tokens one chunk processes so that its logit work space stays within ``memory_budget`` bytes.
+
+    Example:
+        >>> chunk_rows(8192, 151936)
+        176
+        >>> chunk_rows(5, 151936)
+        5
+    """
+    if num_tokens <= 0:
+        return 1
+    rows = memory_budget // (_WORK_BYTES_PER_LOGIT * max(vocab_size, 1))
+    rows = max(_ROW_ALIGN, rows - rows % _ROW_ALIGN)
+    return min(rows, num_tokens)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Loss and both input gradients computed chunk by chunk in forward; backward only rescales them."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        ignore_index: int,
+        num_items_in_batch: torch.Tensor | int | float | None,
+        softcap: float | None,
+        rows_per_chunk: int,
+    ) -> torch.Tensor:
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        device = hidden.device
+        num_tokens = hidden.shape[0]
+        labels = labels.to(device=device, dtype=torch.long)
+        valid = labels != ignore_index
+        # Gather needs an in-range index; ignored rows are zeroed by the mask anyway.
+        targets = torch.where(valid, labels, torch.zeros_like(labels)).unsqueeze(1)
+
+        # transformers: reduction="sum" then `/ num_items_in_batch` when given, else "mean" over valid rows.
+        if num_items_in_batch is None:
+            denominator = valid.sum().to(torch.float32)
+        else:
+            denominator = torch.as_tensor(num_items_in_batch, device=device).to(torch.float32)
+        # where() rather than valid/denominator: an all-ignored batch must give zero gradients (as eager
+        # cross_entropy does), not 0 * inf = nan.
+        row_scale = torch.where(valid, 1.0 / denominator, torch.zeros((), device=device, dtype=torch.float32))
+
+        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        # Accumulate the weight gradient in float32 across chunks so low-precision weights get one rounding,
+        # like eager's single GEMM, instead of one per chunk.
+        grad_weight = torch.zeros(weight.shape, device=device, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], device=device, dtype=torch.float32) if need_bias else None
+
+        for start in range(0, num_tokens, rows_per_chunk):
+            stop = min(start + rows_per_chunk, num_tokens)
+            h = hidden[start:stop]
+            # Same op and dtype as eager `lm_head(hidden)`, then the same float32 upcast as ForCausalLMLoss.
+            logits = F.linear(h, weight, bias).float()
+            tanh = None
+            if softcap is not None:
+                tanh = torch.tanh(logits / softcap)
+                logits = tanh * softcap
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            target_logit = logits.gather(1, targets[start:stop])
+            loss_sum = loss_sum + ((lse - target_logit).squeeze(1) * valid[start:stop]).sum()
+            if not (need_hidden or need_weight or need_bias):
+                continue
+
+            # d loss / d logits = (softmax - onehot) * row_scale, built in place in the logits buffer.
+            grad_logits = logits.sub_(lse).exp_()
+            grad_logits.scatter_add_(1, targets[start:stop], torch.full_like(target_logit, -1.0))
+            grad_logits.mul_(row_scale[start:stop].unsqueeze(1))
+            if tanh is not None:
+                grad_logits.mul_(tanh.square_().neg_().add_(1.0))
+                del tanh
+            if grad_bias is not None:
+                grad_bias.add_(grad_logits.sum(0))
+            grad_logits = grad_logits.to(weight.dtype)
+            if grad_hidden is not None:
+                torch.mm(grad_logits, weight, out=grad_hidden[start:stop])
+            if grad_weight is not None:
+                if grad_weight.dtype == grad_logits.dtype:
+                    grad_weight.addmm_(grad_logits.t(), h)
+                else:
+                    grad_weight.add_(torch.mm(grad_logits.t(), h))
+
+        loss = loss_sum / denominator
+        ctx.save_for_backward(
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+        )
+        return loss
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        scaled = [None if g is None else g * grad_output.to(g.dtype) for g in (grad_hidden, grad_weight, grad_bias)]
+        return (*scaled, None, None, None, None, None)
+
+
+def fused_linear_cross_entropy(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    softcap: float | None = None,
+    chunk_size: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss(lm_head(hidden_states), ...)`` on already-shifted labels, chunked.
+
+    Follows the ``causal_lm_loss`` calling convention: logits are computed in the weight's dtype and upcast
+    to float32; rows labelled ``ignore_index`` contribute nothing; the sum is divided by
+    ``num_items_in_batch`` when given, else averaged over non-ignored rows; ``softcap`` applies
+    ``softcap * tanh(logits / softcap)`` (in float32, where eager Gemma-2 rounds the capped logits to the
+    model dtype first).
+
+    Example:
+        >>> import torch
+        >>> hidden, weight = torch.randn(6, 4), torch.randn(16, 4)
+        >>> labels = torch.tensor([3, 1, -100, 0, 15, 2])
+        >>> loss = fused_linear_cross_entropy(hidden, weight, labels, num_items_in_batch=5)
+        >>> reference = torch.nn.functional.cross_entropy(hidden @ weight.T, labels, reduction="sum") / 5
+        >>> bool(torch.allclose(loss, reference))
+        True
+
+    Args:
+        hidden_states: ``[N, H]`` final hidden states (after the last norm).
+        weight: ``[V, H]`` LM-head weight (the embedding matrix when tied).
+        labels: ``[N]`` integer targets, already shifted.
+        bias: optional ``[V]`` LM-head bias.
+        ignore_index: label value whose rows are skipped.
+        num_items_in_batch: divisor for the summed loss (gradient accumulation); ``None`` means mean.
+        softcap: final-logit soft-capping value, or ``None``.
+        chunk_size: tokens per chunk; ``None`` derives it from ``memory_budget`` and the vocabulary size.
+        memory_budget: bytes of logit work space per chunk (see :data:`DEFAULT_MEMORY_BUDGET`).
+
+    Returns:
+        A float32 0-d loss tensor.
+    """
+    if hidden_states.dim() != 2 or weight.dim() != 2 or labels.dim() != 1:
+        raise ValueError(
+            "fused_linear_cross_entropy expects hidden_states [N, H], weight [V, H] and labels [N]; got "
+            f"{tuple(hidden_states.shape)}, {tuple(weight.shape)} and {tuple(labels.shape)}"
+        )
+    if hidden_states.shape[0] != labels.shape[0]:
+        raise ValueError(f"{hidden_states.shape[0]} hidden rows but {labels.shape[0]} labels")
+    rows = chunk_size or chunk_rows(hidden_states.shape[0], weight.shape[0], memory_budget=memory_budget)
+    return _FusedLinearCrossEntropy.apply(
+        hidden_states.contiguous(), weight, bias, labels, ignore_index, num_items_in_batch, softcap, max(rows, 1)
+    )
