@@ -1,0 +1,28 @@
+"""kernels-triton: the Liger-Kernel / Triton adapters shared by the kernels-cuda and kernels-rocm plugins.
+
+A library, not a plugin: it registers no entry point. The adapter functions live in private modules and are
+referenced lazily from kernel declarations (``"kernels_triton._rms_norm:rms_norm"``); importing this package
+imports neither torch, Triton nor Liger.
+
+Example:
+    >>> from kernels_triton import liger_kernel_specs
+    >>> sorted({spec.kind for spec in liger_kernel_specs("cuda")})[:3]
+    ['causal_lm_loss', 'gelu_gated_mlp', 'layer_norm']
+"""
+
+from ._specs import LIGER_ADAPTERS
+from ._specs import LIGER_REQUIREMENT
+from ._specs import NATIVE_ADAPTERS
+from ._specs import AdapterEntry
+from ._specs import liger_kernel_specs
+from ._specs import native_kernel_specs
+
+
+__all__ = [
+    "LIGER_ADAPTERS",
+    "LIGER_REQUIREMENT",
+    "NATIVE_ADAPTERS",
+    "AdapterEntry",
+    "liger_kernel_specs",
+    "native_kernel_specs",
+]

@@ -1,0 +1,41 @@
+"""Launch kernels on the device that holds their inputs.
+
+Triton launches on the *current* device, not on the device of its arguments. With ``device_map`` spreading a
+model over several GPUs, a layer on ``cuda:1`` called while ``cuda:0`` is current then reads and writes the
+wrong device's memory (Liger and Hugging Face users saw corrupted RMSNorm outputs). Every adapter in this
+package enters :func:`on_device_of` around its launches so that this cannot happen through us.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import torch
+
+__all__ = ["on_device_of"]
+
+
+@contextlib.contextmanager
+def on_device_of(tensor: torch.Tensor) -> Iterator[None]:
+    """Make ``tensor``'s device current for the duration of the block.
+
+    ROCm tensors report the device type ``cuda`` as well, so this covers both GPU plugins.
+
+    Example:
+        >>> import torch
+        >>> with on_device_of(torch.zeros(1)):  # CPU tensors: nothing to switch
+        ...     pass
+    """
+    device = tensor.device
+    if device.type != "cuda":
+        yield
+        return
+    import torch
+
+    with torch.cuda.device(device):
+        yield

@@ -1,0 +1,58 @@
+"""Mixture-of-experts experts through Liger's fused grouped-GEMM MoE kernel (SwiGLU experts only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import _native
+from ._compile import tracing
+from ._device import on_device_of
+
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["moe_experts_silu"]
+
+
+def moe_experts_silu(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """transformers 5 ``*Experts.forward`` (SiLU) with ``LigerFusedMoEFunction``.
+
+    Liger wants the routing indices as int32. Routing builds its metadata with data-dependent shapes, so while
+    Dynamo traces this function it takes a dense static-shape path instead (correct, ``E`` times the arithmetic);
+    the kernel is therefore declared without ``torch.compile`` support.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(3, 4)
+        >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
+        ...                  torch.randn(2, 6, 4), torch.randn(2, 4, 3)).shape   # CPU: native path
+        torch.Size([3, 4])
+    """
+    usable = (
+        hidden_states.is_cuda
+        and not tracing()
+        and hidden_states.dtype == gate_up_proj.dtype == down_proj.dtype
+        and hidden_states.dim() == 2
+    )
+    if not usable:
+        return _native.moe_experts_dense(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    from liger_kernel.ops import LigerFusedMoEFunction
+
+    with on_device_of(hidden_states):
+        out = LigerFusedMoEFunction.apply(
+            hidden_states, gate_up_proj, down_proj, top_k_index.to(dtype=_int32()), top_k_weights
+        )
+    return out.to(hidden_states.dtype)
+
+
+def _int32() -> torch.dtype:
+    import torch
+
+    return torch.int32

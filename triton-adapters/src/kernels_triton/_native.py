@@ -1,0 +1,185 @@
+"""PyTorch-native implementations of each layer kind's calling convention.
+
+They serve three purposes: kernels of their own (one fused ATen op such as ``F.rms_norm`` beats a Triton launch
+for small inputs, and Inductor fuses plain ATen math with its neighbours under ``torch.compile``), the path the
+Liger adapters take while Dynamo traces them (so Inductor never autotunes Liger's kernels), and the cases a Liger
+kernel cannot reproduce exactly (for example dtype promotion between a float32 weight and a bfloat16 input).
+Every function follows ``core/docs/kernel-conventions.md`` exactly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "gelu_tanh_mul",
+    "layer_norm",
+    "moe_experts_dense",
+    "rms_norm",
+    "rms_norm_reference",
+    "rotary_embedding",
+    "silu_mul",
+]
+
+
+def rms_norm_reference(
+    hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float, casting: str
+) -> torch.Tensor:
+    """The eager transformers math, operation for operation.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(2, 8)
+        >>> rms_norm_reference(x, torch.ones(8), eps=1e-6, offset=0.0, casting="llama").shape
+        torch.Size([2, 8])
+    """
+    import torch
+
+    x32 = hidden_states.to(torch.float32)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if casting == "gemma":
+        return (normed * (offset + weight.float())).to(hidden_states.dtype)
+    if casting != "llama":
+        raise ValueError(f"unknown RMSNorm casting {casting!r}; expected 'llama' or 'gemma'")
+    scale = weight + offset if offset else weight
+    return scale * normed.to(hidden_states.dtype)
+
+
+def rms_norm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float, casting: str
+) -> torch.Tensor:
+    """RMSNorm through ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA) where it reproduces the eager math.
+
+    ``F.rms_norm`` rounds once at the end where the Llama module rounds twice (after normalising, then after the
+    weight); the difference is within one unit in the last place of the output dtype. The Gemma casting computes
+    everything in float32 and rounds once, exactly like ``F.rms_norm`` over a float32 view.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(2, 8)
+        >>> torch.allclose(rms_norm(x, torch.ones(8), eps=1e-6, offset=0.0, casting="llama"),
+        ...                rms_norm_reference(x, torch.ones(8), eps=1e-6, offset=0.0, casting="llama"), atol=1e-6)
+        True
+    """
+    import torch.nn.functional as F
+
+    shape = (hidden_states.shape[-1],)
+    if casting == "gemma":
+        scale = weight.float() + offset if offset else weight.float()
+        return F.rms_norm(hidden_states.float(), shape, scale, eps).to(hidden_states.dtype)
+    if casting == "llama" and not offset and weight.dtype == hidden_states.dtype:
+        return F.rms_norm(hidden_states, shape, weight, eps)
+    # A float32 weight with a half-precision input promotes the output to float32 in eager; keep that exact.
+    return rms_norm_reference(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` in the input dtype.
+
+    Example:
+        >>> import torch
+        >>> silu_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()
+        0.0
+    """
+    import torch.nn.functional as F
+
+    return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` in the input dtype.
+
+    Example:
+        >>> import torch
+        >>> gelu_tanh_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()
+        0.0
+    """
+    import torch.nn.functional as F
+
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb``, rotating the first ``cos.shape[-1]`` dims (full or partial).
+
+    Example:
+        >>> import torch
+        >>> q = k = torch.randn(1, 2, 3, 4)
+        >>> cos, sin = torch.ones(1, 3, 4), torch.zeros(1, 3, 4)
+        >>> torch.equal(rotary_embedding(q, k, cos, sin)[0], q)
+        True
+    """
+    import torch
+
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary = cos.shape[-1]
+    if rotary == q.shape[-1]:
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    q_rot, q_pass = q[..., :rotary], q[..., rotary:]
+    k_rot, k_pass = k[..., :rotary], k[..., rotary:]
+    q_embed = torch.cat((q_rot * cos + _rotate_half(q_rot) * sin, q_pass), dim=-1)
+    k_embed = torch.cat((k_rot * cos + _rotate_half(k_rot) * sin, k_pass), dim=-1)
+    return q_embed, k_embed
+
+
+def layer_norm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, eps: float
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` over the last dimension.
+
+    Example:
+        >>> import torch
+        >>> layer_norm(torch.randn(2, 8), torch.ones(8), None, eps=1e-5).shape
+        torch.Size([2, 8])
+    """
+    import torch.nn.functional as F
+
+    return F.layer_norm(hidden_states, (hidden_states.shape[-1],), weight, bias, eps)
+
+
+def moe_experts_dense(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Experts computed densely with static shapes: every expert sees every token, weighted by its routing weight.
+
+    ``E`` times the arithmetic of a routed implementation, but no data-dependent shapes, so it traces under
+    ``torch.compile(fullgraph=True)``. The Liger MoE adapter takes this path only while Dynamo traces it.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(3, 4)
+        >>> out = moe_experts_dense(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
+        ...                         torch.randn(2, 6, 4), torch.randn(2, 4, 3))
+        >>> out.shape
+        torch.Size([3, 4])
+    """
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.zeros_like(hidden_states)
+    for expert in range(gate_up_proj.shape[0]):
+        routing = (top_k_weights * (top_k_index == expert)).sum(dim=-1, keepdim=True)
+        gate, up = F.linear(hidden_states, gate_up_proj[expert]).chunk(2, dim=-1)
+        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+        out = out + (F.linear(act * up, down_proj[expert]) * routing).to(out.dtype)
+    return out

@@ -1,0 +1,174 @@
+"""Kernel declarations for the shared adapters, built per backend.
+
+Both GPU plugins wrap the same Liger operations; what differs between them is the backend name, the hardware
+constraints and the priorities. They therefore call :func:`liger_kernel_specs` and :func:`native_kernel_specs`
+with their own values instead of copying declarations. Nothing here imports torch or Liger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kernels_core import CapabilityRange
+from kernels_core import KernelSpec
+from kernels_core import Supports
+
+
+__all__ = ["LIGER_REQUIREMENT", "AdapterEntry", "LIGER_ADAPTERS", "NATIVE_ADAPTERS", "liger_kernel_specs",
+           "native_kernel_specs"]
+
+LIGER_REQUIREMENT = "liger-kernel>=0.8.5"
+_ALL_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class AdapterEntry:
+    """One shared adapter: the layer kind and variants it implements and where its function lives."""
+
+    kind: str
+    variants: tuple[str, ...]
+    impl: str
+    supports: Supports
+    description: str
+    dtypes: tuple[str, ...] = _ALL_DTYPES
+
+
+_PKG = "kernels_triton"
+
+# Liger's elementwise and norm kernels are declared without TORCH_COMPILE on purpose: under torch.compile the
+# native entries below win, since Inductor fuses them with their neighbours (and never autotunes Liger's
+# kernels, which crashed Liger + torch.compile with an illegal memory access). The adapters still trace without
+# graph breaks if a model kernelized for eager is compiled afterwards: they defer to the native math then.
+LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
+    "rms_norm": AdapterEntry(
+        "rms_norm", ("standard", "offset"), f"{_PKG}._rms_norm:rms_norm", Supports.BACKWARD,
+        "Liger Triton RMSNorm (llama/gemma casting, in_place=False)",
+    ),
+    "silu_gated_mlp": AdapterEntry(
+        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:silu_mul", Supports.BACKWARD,
+        "Liger fused SiLU(gate) * up",
+    ),
+    "gelu_gated_mlp": AdapterEntry(
+        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:gelu_tanh_mul", Supports.BACKWARD,
+        "Liger fused GELU-tanh(gate) * up",
+    ),
+    "rotary_embedding": AdapterEntry(
+        "rotary_embedding", ("full", "partial"), f"{_PKG}._rope:rotary_embedding", Supports.BACKWARD,
+        "Liger Triton RoPE (inputs never modified)",
+    ),
+    "causal_lm_loss": AdapterEntry(
+        "causal_lm_loss", ("standard", "softcap"), f"{_PKG}._loss:fused_linear_cross_entropy",
+        Supports.BACKWARD | Supports.TORCH_COMPILE,
+        "Liger fused linear cross-entropy as a torch.library custom op (no [N, V] logits)",
+    ),
+    "layer_norm": AdapterEntry(
+        "layer_norm", ("bias",), f"{_PKG}._layer_norm:layer_norm", Supports.BACKWARD, "Liger Triton LayerNorm",
+    ),
+    "moe_experts": AdapterEntry(
+        "moe_experts", ("silu",), f"{_PKG}._moe:moe_experts_silu", Supports.BACKWARD,
+        "Liger fused grouped-GEMM MoE experts (SwiGLU)",
+    ),
+}
+
+NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = {
+    "rms_norm": AdapterEntry(
+        "rms_norm", ("standard", "offset"), f"{_PKG}._native:rms_norm", Supports.BACKWARD | Supports.TORCH_COMPILE,
+        "torch.nn.functional.rms_norm (one fused ATen kernel; Inductor fuses it under torch.compile)",
+    ),
+    "silu_gated_mlp": AdapterEntry(
+        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._native:silu_mul", Supports.BACKWARD | Supports.TORCH_COMPILE,
+        "ATen silu(gate) * up (Inductor fuses it under torch.compile)",
+    ),
+    "gelu_gated_mlp": AdapterEntry(
+        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._native:gelu_tanh_mul",
+        Supports.BACKWARD | Supports.TORCH_COMPILE, "ATen gelu-tanh(gate) * up (Inductor fuses it)",
+    ),
+    "rotary_embedding": AdapterEntry(
+        "rotary_embedding", ("full", "partial"), f"{_PKG}._native:rotary_embedding",
+        Supports.BACKWARD | Supports.TORCH_COMPILE, "ATen RoPE math (Inductor fuses it)",
+    ),
+    "layer_norm": AdapterEntry(
+        "layer_norm", ("bias", "no_bias"), f"{_PKG}._native:layer_norm", Supports.BACKWARD | Supports.TORCH_COMPILE,
+        "torch.nn.functional.layer_norm",
+    ),
+}
+
+
+def _build(
+    table: Mapping[str, AdapterEntry],
+    *,
+    backend: str,
+    name: str,
+    priority: int,
+    priorities: Mapping[str, int] | None,
+    exclude: Collection[str],
+    capability: CapabilityRange | None,
+    archs: tuple[str, ...],
+    requires: tuple[str, ...],
+) -> tuple[KernelSpec, ...]:
+    unknown = (set(priorities or {}) | set(exclude)) - set(table)
+    if unknown:
+        raise ValueError(f"unknown layer kinds {sorted(unknown)}; the shared adapters cover: {sorted(table)}")
+    return tuple(
+        KernelSpec(
+            id=f"{backend}.{key}.{name}",
+            kind=entry.kind,
+            variants=entry.variants,
+            backend=backend,
+            impl=entry.impl,
+            priority=(priorities or {}).get(key, priority),
+            supports=entry.supports,
+            dtypes=entry.dtypes,
+            capability=capability,
+            archs=archs,
+            requires=requires,
+            description=entry.description,
+        )
+        for key, entry in table.items()
+        if key not in exclude
+    )
+
+
+def liger_kernel_specs(
+    backend: str,
+    *,
+    priority: int = 100,
+    priorities: Mapping[str, int] | None = None,
+    exclude: Collection[str] = (),
+    capability: CapabilityRange | None = None,
+    archs: tuple[str, ...] = (),
+) -> tuple[KernelSpec, ...]:
+    """Declarations of the Liger adapters for one backend, ids ``<backend>.<kind>.liger``.
+
+    Example:
+        >>> specs = liger_kernel_specs("rocm", priority=100, priorities={"rms_norm": 90}, archs=("gfx942",))
+        >>> next(s for s in specs if s.kind == "rms_norm").priority
+        90
+    """
+    return _build(
+        LIGER_ADAPTERS, backend=backend, name="liger", priority=priority, priorities=priorities, exclude=exclude,
+        capability=capability, archs=archs, requires=(LIGER_REQUIREMENT,),
+    )
+
+
+def native_kernel_specs(
+    backend: str,
+    *,
+    priority: int = 100,
+    priorities: Mapping[str, int] | None = None,
+    exclude: Collection[str] = (),
+    capability: CapabilityRange | None = None,
+    archs: tuple[str, ...] = (),
+) -> tuple[KernelSpec, ...]:
+    """Declarations of the PyTorch-native alternatives for one backend, ids ``<backend>.<kind>.torch``.
+
+    Example:
+        >>> [s.id for s in native_kernel_specs("cuda", exclude=("layer_norm", "gelu_gated_mlp"))][:2]
+        ['cuda.rms_norm.torch', 'cuda.silu_gated_mlp.torch']
+    """
+    return _build(
+        NATIVE_ADAPTERS, backend=backend, name="torch", priority=priority, priorities=priorities, exclude=exclude,
+        capability=capability, archs=archs, requires=(),
+    )
