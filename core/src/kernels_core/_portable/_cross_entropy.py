@@ -50,7 +50,7 @@ def chunk_rows(num_tokens: int, vocab_size: int, *, memory_budget: int = DEFAULT
 
     Example:
         >>> chunk_rows(8192, 151936)
-        176
+        144
         >>> chunk_rows(5, 151936)
         5
     """

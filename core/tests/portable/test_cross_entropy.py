@@ -1,0 +1,237 @@
+"""The chunked fused linear cross-entropy against transformers' own ``ForCausalLMLoss``, forward and backward.
+
+The reference is exactly what an eager ``*ForCausalLM`` computes in training: ``lm_head(hidden)`` in the model
+dtype, then ``ForCausalLMLoss`` (float32 upcast, label padding and shifting, sum / num_items_in_batch or
+mean). The kernel receives what the core's adapter hands it: flattened hidden states and shifted labels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F  # noqa: N812
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+from kernels_core._portable._cross_entropy import chunk_rows
+from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
+
+
+IGNORE = -100
+# Relative to the largest reference magnitude. float32: only summation order differs (chunked sums, fp32
+# accumulation of the weight gradient), a few ulps. bfloat16/float16: logits and the gradient GEMM inputs are
+# rounded exactly as in eager, but eager rounds the weight gradient once over all tokens while we round each
+# chunk's product before the float32 sum, and GEMM blocking differs: allow ~2 ulps of an 8-bit (bf16) or
+# 11-bit (fp16) mantissa.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+
+
+def shift(labels: torch.Tensor) -> torch.Tensor:
+    """What the core's adapter does: transformers' pad-and-shift, flattened."""
+    return F.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1)
+
+
+def make_labels(batch: int, seq: int, vocab: int, *, generator: torch.Generator) -> torch.Tensor:
+    labels = torch.randint(0, vocab, (batch, seq), generator=generator)
+    labels[0, :5] = IGNORE  # a masked prompt
+    labels[-1, -3:] = IGNORE  # right padding
+    return labels
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert actual.dtype == expected.dtype, what
+    scale = expected.abs().max().float().clamp_min(1e-30)
+    error = ((actual.float() - expected.float()).abs().max() / scale).item()
+    assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {TOLERANCE[dtype]:.3g}"
+
+
+def reference(hidden, weight, labels, *, bias=None, num_items_in_batch=None, softcap=None):
+    logits = F.linear(hidden, weight, bias)
+    if softcap is not None:
+        logits = torch.tanh(logits.float() / softcap) * softcap
+    return ForCausalLMLoss(logits, labels, weight.shape[0], num_items_in_batch=num_items_in_batch)
+
+
+def run_both(
+    dtype,
+    *,
+    batch=3,
+    seq=23,
+    hidden_size=24,
+    vocab=97,
+    chunk_size=16,
+    num_items=None,
+    softcap=None,
+    with_bias=False,
+    seed=0,
+):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, seq, hidden_size, generator=generator).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=generator) / hidden_size**0.5).to(dtype).requires_grad_()
+    bias = torch.randn(vocab, generator=generator).to(dtype).requires_grad_() if with_bias else None
+    labels = make_labels(batch, seq, vocab, generator=generator)
+    leaves = [t for t in (hidden, weight, bias) if t is not None]
+
+    expected = reference(hidden, weight, labels, bias=bias, num_items_in_batch=num_items, softcap=softcap)
+    expected_grads = torch.autograd.grad(expected, leaves)
+    actual = fused_linear_cross_entropy(
+        hidden.reshape(-1, hidden_size),
+        weight,
+        shift(labels),
+        bias=bias,
+        ignore_index=IGNORE,
+        num_items_in_batch=num_items,
+        softcap=softcap,
+        chunk_size=chunk_size,
+    )
+    actual_grads = torch.autograd.grad(actual, leaves)
+    return expected, actual, expected_grads, actual_grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_items", [None, 41, "tensor"])
+def test_matches_transformers_loss_and_grads(dtype, num_items):
+    if num_items == "tensor":
+        num_items = torch.tensor(41)  # the Trainer passes a 0-d int tensor
+    # 3 x 23 = 69 tokens, chunks of 16: the last chunk is partial.
+    expected, actual, expected_grads, actual_grads = run_both(dtype, num_items=num_items)
+    assert actual.dtype == torch.float32 and actual.dim() == 0
+    # The loss itself is float32 in both, from identically rounded logits: only summation order differs.
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    for name, a, e in zip(("hidden", "weight"), actual_grads, expected_grads):
+        assert_close(a, e, dtype, f"grad {name}")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 16, 69, 1000])
+def test_chunk_size_does_not_change_the_result(chunk_size):
+    expected, actual, expected_grads, actual_grads = run_both(torch.float32, chunk_size=chunk_size)
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
+    for a, e in zip(actual_grads, expected_grads):
+        assert_close(a, e, torch.float32, f"chunk {chunk_size}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softcap(dtype):
+    # Eager Gemma-2 rounds capped logits to the model dtype; the kernel caps in float32, as the convention
+    # says. Comparing against a float32-capping reference isolates the kernel's own error.
+    expected, actual, expected_grads, actual_grads = run_both(dtype, softcap=3.0, num_items=50)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    for a, e in zip(actual_grads, expected_grads):
+        assert_close(a, e, dtype, "softcap")
+
+
+def test_bias():
+    expected, actual, expected_grads, actual_grads = run_both(torch.float32, with_bias=True)
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
+    for name, a, e in zip(("hidden", "weight", "bias"), actual_grads, expected_grads):
+        assert_close(a, e, torch.float32, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tied_embedding_gets_both_gradients(dtype):
+    """A tied head: the weight is also the input embedding, so its gradient has two contributions."""
+    generator = torch.Generator().manual_seed(1)
+    vocab, size, batch, seq = 61, 16, 2, 19
+    embedding = torch.nn.Embedding(vocab, size).to(dtype)
+    torch.nn.init.normal_(embedding.weight, std=0.3, generator=generator)
+    mix = torch.nn.Linear(size, size, bias=False).to(dtype)
+    ids = torch.randint(0, vocab, (batch, seq), generator=generator)
+    labels = ids.clone()
+    labels[1, :4] = IGNORE
+
+    def loss_of(fused: bool) -> torch.Tensor:
+        hidden = torch.tanh(mix(embedding(ids)))
+        if fused:
+            return fused_linear_cross_entropy(
+                hidden.reshape(-1, size), embedding.weight, shift(labels), ignore_index=IGNORE, chunk_size=8
+            )
+        return reference(hidden, embedding.weight, labels)
+
+    params = [embedding.weight, mix.weight]
+    expected = loss_of(False)
+    expected_grads = torch.autograd.grad(expected, params)
+    actual = loss_of(True)
+    actual_grads = torch.autograd.grad(actual, params)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    for name, a, e in zip(("embedding", "mix"), actual_grads, expected_grads):
+        assert_close(a, e, dtype, name)
+
+
+def test_grad_output_is_applied():
+    """Gradient accumulation scales the loss; the stored gradients must follow."""
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(10, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(12, 8, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 12, (10,), generator=generator)
+    plain = torch.autograd.grad(fused_linear_cross_entropy(hidden, weight, labels), (hidden, weight))
+    scaled = torch.autograd.grad(0.25 * fused_linear_cross_entropy(hidden, weight, labels), (hidden, weight))
+    for p, s in zip(plain, scaled):
+        torch.testing.assert_close(s, 0.25 * p)
+
+
+def test_all_rows_ignored_matches_eager():
+    hidden = torch.randn(6, 4, requires_grad=True)
+    weight = torch.randn(9, 4, requires_grad=True)
+    labels = torch.full((6,), IGNORE)
+    expected = F.cross_entropy(hidden @ weight.T, labels, ignore_index=IGNORE)
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    actual = fused_linear_cross_entropy(hidden, weight, labels)
+    actual_grads = torch.autograd.grad(actual, (hidden, weight))
+    assert torch.isnan(expected) and torch.isnan(actual)  # mean over zero rows, as in eager
+    for a, e in zip(actual_grads, expected_grads):
+        assert torch.equal(a, e)  # both exactly zero, not nan
+
+
+def test_frozen_head_and_no_grad():
+    hidden = torch.randn(9, 4, requires_grad=True)
+    weight = torch.randn(7, 4)  # frozen: no weight gradient is computed or stored
+    labels = torch.randint(0, 7, (9,))
+    loss = fused_linear_cross_entropy(hidden, weight, labels, chunk_size=4)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    expected = torch.autograd.grad(F.cross_entropy(hidden @ weight.T, labels), hidden)[0]
+    assert_close(grad, expected, torch.float32, "frozen head")
+    with torch.no_grad():
+        evaluation = fused_linear_cross_entropy(hidden, weight, labels, chunk_size=4)
+    assert not evaluation.requires_grad
+    torch.testing.assert_close(evaluation, loss.detach())
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any op produces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_never_materializes_full_logits():
+    tokens, size, vocab, chunk = 64, 8, 500, 16
+    hidden = torch.randn(tokens, size, requires_grad=True)
+    weight = torch.randn(vocab, size, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+    with _LargestTensor() as probe:
+        loss = fused_linear_cross_entropy(hidden, weight, labels, chunk_size=chunk)
+        loss.backward()
+    # The largest tensors are one chunk of logits and the weight gradient, both far below tokens x vocab.
+    assert probe.largest == max(chunk * vocab, vocab * size)
+    assert probe.largest < tokens * vocab // 2
+
+
+def test_chunk_rows_follows_the_budget():
+    # 256 MiB at 12 bytes per logit for a 151,936-token vocabulary, rounded down to a multiple of 16.
+    assert chunk_rows(8192, 151936) == 144
+    assert chunk_rows(8192, 151936, memory_budget=4 * 2**30) == 2352
+    assert chunk_rows(5, 151936) == 5  # never more rows than tokens
+    assert chunk_rows(8192, 10**9) == 16  # a floor, so huge vocabularies still make progress
+
+
+def test_rejects_unflattened_inputs():
+    with pytest.raises(ValueError, match="expects hidden_states"):
+        fused_linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(5, 4), torch.zeros(6, dtype=torch.long))
