@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kernels_core import Supports
 from kernels_core._portable import SPECS
 from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
@@ -52,5 +51,5 @@ def test_fullgraph_compile_forward_and_backward(spec):
     expected_grads = torch.autograd.grad(expected, floats)
     # aot_eager runs the same ATen ops, so results are identical.
     assert torch.equal(actual, expected)
-    for a, e in zip(actual_grads, expected_grads):
+    for a, e in zip(actual_grads, expected_grads, strict=True):
         assert torch.equal(a, e)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernels_core._portable._cross_entropy import chunk_rows
+from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
 from torch.nn import functional as F  # noqa: N812
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.loss.loss_utils import ForCausalLMLoss
-
-from kernels_core._portable._cross_entropy import chunk_rows
-from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
 
 
 IGNORE = -100
@@ -98,7 +97,7 @@ def test_matches_transformers_loss_and_grads(dtype, num_items):
     assert actual.dtype == torch.float32 and actual.dim() == 0
     # The loss itself is float32 in both, from identically rounded logits: only summation order differs.
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
-    for name, a, e in zip(("hidden", "weight"), actual_grads, expected_grads):
+    for name, a, e in zip(("hidden", "weight"), actual_grads, expected_grads, strict=True):
         assert_close(a, e, dtype, f"grad {name}")
 
 
@@ -106,7 +105,7 @@ def test_matches_transformers_loss_and_grads(dtype, num_items):
 def test_chunk_size_does_not_change_the_result(chunk_size):
     expected, actual, expected_grads, actual_grads = run_both(torch.float32, chunk_size=chunk_size)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
-    for a, e in zip(actual_grads, expected_grads):
+    for a, e in zip(actual_grads, expected_grads, strict=True):
         assert_close(a, e, torch.float32, f"chunk {chunk_size}")
 
 
@@ -116,14 +115,14 @@ def test_softcap(dtype):
     # says. Comparing against a float32-capping reference isolates the kernel's own error.
     expected, actual, expected_grads, actual_grads = run_both(dtype, softcap=3.0, num_items=50)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
-    for a, e in zip(actual_grads, expected_grads):
+    for a, e in zip(actual_grads, expected_grads, strict=True):
         assert_close(a, e, dtype, "softcap")
 
 
 def test_bias():
     expected, actual, expected_grads, actual_grads = run_both(torch.float32, with_bias=True)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
-    for name, a, e in zip(("hidden", "weight", "bias"), actual_grads, expected_grads):
+    for name, a, e in zip(("hidden", "weight", "bias"), actual_grads, expected_grads, strict=True):
         assert_close(a, e, torch.float32, name)
 
 
@@ -153,7 +152,7 @@ def test_tied_embedding_gets_both_gradients(dtype):
     actual = loss_of(True)
     actual_grads = torch.autograd.grad(actual, params)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
-    for name, a, e in zip(("embedding", "mix"), actual_grads, expected_grads):
+    for name, a, e in zip(("embedding", "mix"), actual_grads, expected_grads, strict=True):
         assert_close(a, e, dtype, name)
 
 
@@ -165,7 +164,7 @@ def test_grad_output_is_applied():
     labels = torch.randint(0, 12, (10,), generator=generator)
     plain = torch.autograd.grad(fused_linear_cross_entropy(hidden, weight, labels), (hidden, weight))
     scaled = torch.autograd.grad(0.25 * fused_linear_cross_entropy(hidden, weight, labels), (hidden, weight))
-    for p, s in zip(plain, scaled):
+    for p, s in zip(plain, scaled, strict=True):
         torch.testing.assert_close(s, 0.25 * p)
 
 
@@ -178,7 +177,7 @@ def test_all_rows_ignored_matches_eager():
     actual = fused_linear_cross_entropy(hidden, weight, labels)
     actual_grads = torch.autograd.grad(actual, (hidden, weight))
     assert torch.isnan(expected) and torch.isnan(actual)  # mean over zero rows, as in eager
-    for a, e in zip(actual_grads, expected_grads):
+    for a, e in zip(actual_grads, expected_grads, strict=True):
         assert torch.equal(a, e)  # both exactly zero, not nan
 
 

@@ -10,7 +10,6 @@ import importlib
 
 import pytest
 import torch
-
 from kernels_core._portable._rms_norm import rms_norm
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.activations import ACT2FN
-
 from kernels_core._portable._silu_mul import silu_mul
+from transformers.activations import ACT2FN
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from kernels_core import KernelSpec
 from kernels_core import Supports
 from kernels_core._portable import SPECS
