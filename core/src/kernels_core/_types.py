@@ -204,6 +204,9 @@ class LayerKind:
         adapter: lazy ``module:attr`` of ``adapt(match, impl, options) -> forward`` building the instance forward
             from a kernel implementation that follows this kind's calling convention.
         hint_names: transformers ``kernel_layer_name`` markers that point at this kind.
+        target: ``"forward"`` when the adapter returns the module's new forward; ``"global"`` when it returns a
+            replacement for one global function the module's forward calls (``match.params["global_name"]``),
+            which the core reroutes for that instance only, composing several such kinds on one module.
     """
 
     name: str
@@ -212,9 +215,12 @@ class LayerKind:
     matcher: str
     adapter: str
     hint_names: tuple[str, ...] = ()
+    target: str = "forward"
 
     def __post_init__(self) -> None:
         _check_name(self.name, "layer kind name")
+        if self.target not in ("forward", "global"):
+            raise ValueError(f"layer kind {self.name!r}: target {self.target!r} must be 'forward' or 'global'")
         if not self.variants or not all(isinstance(v, str) and _NAME_RE.match(v) for v in self.variants):
             raise ValueError(f"layer kind {self.name!r}: variants must be a non-empty tuple of snake_case names")
         _check_ref(self.matcher, f"layer kind {self.name!r} matcher")

@@ -1,0 +1,172 @@
+"""The per-instance forwards kernelize binds, and the record that lets unkernelize undo them exactly.
+
+Both forwards are small picklable objects holding *references* (``module:attr`` strings) rather than functions,
+so ``copy.deepcopy``, ``torch.save``/``torch.load`` and pickling keep a kernelized model kernelized; the callable
+they dispatch to is rebuilt lazily after a copy or a load.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import ClassVar
+
+from ._types import Match
+
+
+__all__ = ["MISSING", "BindingRecord", "GlobalOverride", "KernelForward", "ReroutedForward", "load_ref"]
+
+
+class _Missing:
+    """Marks an instance attribute that did not exist before binding (restored by deleting it)."""
+
+    _instance: ClassVar[_Missing | None] = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
+
+
+@dataclass
+class BindingRecord:
+    """Stored in a bound module's ``__dict__``: the instance attributes kernelize replaced, and by what."""
+
+    MISSING: ClassVar[_Missing] = MISSING
+    previous: dict[str, object] = field(default_factory=dict)
+    kernels: tuple[tuple[str, str], ...] = ()
+
+
+_REF_CACHE: dict[str, object] = {}
+
+
+def load_ref(ref: str) -> Any:
+    """Import ``package.module:attr.path`` and return the attribute (cached)."""
+    if ref not in _REF_CACHE:
+        module_name, _, attr_path = ref.partition(":")
+        obj: object = importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            obj = getattr(obj, part)
+        _REF_CACHE[ref] = obj
+    return _REF_CACHE[ref]
+
+
+class _LazyForward:
+    """Shared behaviour: lazy build, pickling without the built callable, the original signature."""
+
+    module: Any
+    _fn: Callable[..., Any] | None
+
+    def _build(self) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = self._build()
+        return fn(*args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fn"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # transformers (Trainer column pruning, generate) inspects model.forward's parameters.
+        return inspect.signature(type(self.module).forward.__get__(self.module, type(self.module)))
+
+
+class KernelForward(_LazyForward):
+    """A module's forward replaced by a kernel through its layer kind's adapter.
+
+    Example:
+        ``module.forward(x)`` calls ``adapter(module, match, impl, options)(x)``, the adapter being built once.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        *,
+        kernel_id: str,
+        kind: str,
+        impl: str,
+        adapter: str,
+        match: Match,
+        options: dict[str, object],
+    ) -> None:
+        self.module = module
+        self.kernel_id = kernel_id
+        self.kind = kind
+        self.impl = impl
+        self.adapter = adapter
+        self.match = match
+        self.options = dict(options)
+        self._fn = None
+
+    def _build(self) -> Callable[..., Any]:
+        return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
+
+    def __repr__(self) -> str:
+        return f"<kernels_core forward {self.kernel_id} of {type(self.module).__name__}>"
+
+
+@dataclass(frozen=True)
+class GlobalOverride:
+    """One global function of a module's forward rerouted to a kernel (for ``target="global"`` kinds)."""
+
+    kernel_id: str
+    kind: str
+    global_name: str
+    impl: str
+    adapter: str
+    match: Match
+    options: dict[str, object] = field(default_factory=dict)
+
+
+class ReroutedForward(_LazyForward):
+    """The module's class forward, re-created with some of its global names pointing at kernels.
+
+    Only this instance sees the kernels: the modeling module's globals and every other instance are untouched.
+    """
+
+    def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...]) -> None:
+        self.module = module
+        self.overrides = tuple(overrides)
+        self._fn = None
+
+    @property
+    def kernel_ids(self) -> tuple[str, ...]:
+        return tuple(o.kernel_id for o in self.overrides)
+
+    def _build(self) -> Callable[..., Any]:
+        base = type(self.module).forward
+        namespace = dict(base.__globals__)
+        for override in self.overrides:
+            adapter = load_ref(override.adapter)
+            namespace[override.global_name] = adapter(self.module, override.match, load_ref(override.impl),
+                                                      override.options)
+        rerouted = types.FunctionType(base.__code__, namespace, base.__name__, base.__defaults__, base.__closure__)
+        rerouted.__kwdefaults__ = base.__kwdefaults__
+        rerouted.__qualname__ = base.__qualname__
+        return rerouted.__get__(self.module, type(self.module))
+
+    def __repr__(self) -> str:
+        return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"

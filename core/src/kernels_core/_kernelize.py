@@ -1,0 +1,378 @@
+"""``kernelize`` and ``unkernelize``: plan every module first, then bind all or nothing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from ._config import ConfigError
+from ._config import KernelsConfig
+from ._config import load_config
+from ._forward import MISSING
+from ._forward import BindingRecord
+from ._forward import GlobalOverride
+from ._forward import KernelForward
+from ._forward import ReroutedForward
+from ._forward import load_ref
+from ._kinds._context import BINDING_ATTR
+from ._kinds._context import MatchContext
+from ._kinds._context import module_device
+from ._kinds._context import param_dtype
+from ._manager import KernelsPluginManager
+from ._manager import ProvidedKernel
+from ._manager import ProvidedKind
+from ._manager import get_plugin_manager
+from ._report import KernelizeReport
+from ._report import ReportEntry
+from ._resolve import KernelizeError
+from ._resolve import Resolver
+from ._resolve import Target
+from ._types import BackendInfo
+from ._types import Binding
+from ._types import Decline
+from ._types import DeviceInfo
+from ._types import Match
+from ._types import Mode
+
+
+__all__ = ["get_report", "kernelize", "unkernelize"]
+
+logger = logging.getLogger("kernels_core")
+
+REPORT_ATTR = "_kernels_core_report"
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+@dataclass
+class _Planned:
+    name: str
+    module: nn.Module
+    kind: ProvidedKind
+    match: Match
+    kernel: ProvidedKernel
+    options: dict[str, object]
+
+
+@dataclass
+class _ModulePlan:
+    name: str
+    module: nn.Module
+    forward: _Planned | None = None
+    globals: list[_Planned] = field(default_factory=list)
+
+
+def _resolve_mode(model: nn.Module, mode: Mode | None) -> Mode:
+    if mode is None:
+        return Mode.TRAINING if model.training else Mode.INFERENCE
+    if not isinstance(mode, Mode):
+        raise TypeError(f"mode must be a kernels_core.Mode (INFERENCE or TRAINING, optionally | TORCH_COMPILE), "
+                        f"got {mode!r}")
+    return mode.validate()
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _find_backend(device: torch.device, backends: list[tuple[BackendInfo, Any]]
+                  ) -> tuple[BackendInfo | None, DeviceInfo | None]:
+    index = device.index if device.index is not None else 0
+    for backend, _plugin in backends:
+        if backend.device_type == device.type:
+            info = backend.device(index)
+            if info is not None:
+                return backend, info
+    return None, None
+
+
+def _explicit_target(device: str | torch.device, backends: list[tuple[BackendInfo, Any]]
+                     ) -> tuple[str, BackendInfo, DeviceInfo | None]:
+    detected = sorted({f"{b.backend} ({b.device_type}, {b.count} device(s))" for b, _ in backends if b.devices})
+    if isinstance(device, str) and ":" not in device:
+        for backend, _plugin in backends:
+            if backend.backend == device and backend.devices:
+                return device, backend, backend.devices[0]
+    try:
+        torch_device = torch.device(device)
+    except (RuntimeError, TypeError):
+        torch_device = None
+    if torch_device is not None:
+        backend, info = _find_backend(torch_device, backends)
+        if backend is not None:
+            return str(torch_device), backend, info
+    raise KernelizeError(f"device {device!r} was requested, but no installed plugin detected it. "
+                         f"Detected: {detected or 'nothing'}")
+
+
+def _module_target(module: nn.Module, explicit: tuple[str, BackendInfo, DeviceInfo | None] | None,
+                   backends: list[tuple[BackendInfo, Any]]) -> Target:
+    # The loss kernel runs where lm_head lives, which under device_map can differ from the embeddings.
+    anchor = module.lm_head if isinstance(module._modules.get("lm_head"), nn.Module) else module
+    dtype = _dtype_name(param_dtype(anchor))
+    if explicit is not None:
+        name, backend, info = explicit
+        return Target(device=name, backend=backend.backend, device_info=info, dtype=dtype)
+    device = module_device(anchor)
+    if device is None:
+        return Target(device=None, backend=None, device_info=None, dtype=dtype)
+    backend, info = _find_backend(device, backends)
+    return Target(device=str(device), backend=backend.backend if backend else device.type, device_info=info,
+                  dtype=dtype)
+
+
+def _check_config_kinds(config: KernelsConfig, kinds: dict[str, ProvidedKind]) -> None:
+    unknown = sorted(set(config.kinds) - set(kinds))
+    if unknown:
+        raise ConfigError(f"configuration names unknown layer kind(s) {unknown}; known kinds: {sorted(kinds)} "
+                          f"(sources: {', '.join(config.sources)})")
+
+
+def _entry(name: str, match: Match | Decline, target: Target, **extra: Any) -> ReportEntry:
+    return ReportEntry(module=name, kind=match.kind, variant=getattr(match, "variant", None), device=target.device,
+                       backend=target.backend, **extra)
+
+
+def _validate_binding(binding: object, module_name: str, kernel_id: str, plugin: str) -> Binding:
+    if not isinstance(binding, Binding):
+        raise KernelizeError(f"plugin {plugin!r} returned {type(binding).__name__} from kernels_core_bind_kernel "
+                             f"for {kernel_id} on {module_name}; expected kernels_core.Binding or None")
+    for attr, value in binding.attributes.items():
+        if isinstance(value, (nn.Module, torch.Tensor)):
+            raise KernelizeError(f"plugin {plugin!r} tried to bind a module/tensor to {module_name}.{attr}; "
+                                 "bindings must not change parameters, buffers or sub-modules")
+    return binding
+
+
+def _apply(module: nn.Module, attributes: dict[str, object], kernels: tuple[tuple[str, str], ...]) -> None:
+    reserved = set(module._parameters) | set(module._buffers) | set(module._modules)
+    clash = sorted(set(attributes) & reserved)
+    if clash:
+        raise KernelizeError(f"binding would overwrite parameters/buffers/sub-modules {clash} of "
+                             f"{type(module).__name__}")
+    previous = {attr: module.__dict__.get(attr, MISSING) for attr in attributes}
+    for attr, value in attributes.items():
+        module.__dict__[attr] = value
+    module.__dict__[BINDING_ATTR] = BindingRecord(previous=previous, kernels=kernels)
+
+
+def _restore(module: nn.Module) -> BindingRecord | None:
+    record = module.__dict__.pop(BINDING_ATTR, None)
+    if record is None:
+        return None
+    for attr, value in record.previous.items():
+        if value is MISSING:
+            module.__dict__.pop(attr, None)
+        else:
+            module.__dict__[attr] = value
+    return record
+
+
+def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode,
+          explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
+          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry]]:
+    kinds = pm.layer_kinds()
+    _check_config_kinds(config, kinds)
+    backends = pm.backends()
+    resolver = Resolver(pm, config, mode)
+    ctx = MatchContext(model)
+    matchers = {}
+    for name in sorted(kinds):
+        try:
+            matchers[name] = load_ref(kinds[name].kind.matcher)
+        except Exception as exc:  # noqa: BLE001 - one plugin's broken kind must not stop the others
+            logger.warning("layer kind %r from plugin %r (%s) ignored: matcher %s failed to import: %s", name,
+                           kinds[name].plugin.name, kinds[name].plugin.origin, kinds[name].kind.matcher, exc)
+    plans: dict[int, _ModulePlan] = {}
+    entries: list[ReportEntry] = []
+    unmet: list[ReportEntry] = []
+    for module_name, module in model.named_modules():
+        for kind_name, matcher in matchers.items():
+            provided_kind = kinds[kind_name]
+            try:
+                verdict = matcher(module, module_name, ctx)
+            except Exception as exc:  # noqa: BLE001 - uncertain means left alone, with the reason
+                verdict = Decline(kind_name, f"matcher raised {type(exc).__name__}: {exc}")
+            if verdict is None:
+                continue
+            target = _module_target(module, explicit, backends)
+            if isinstance(verdict, Decline):
+                entries.append(_entry(module_name, verdict, target, reason=verdict.reason))
+                continue
+            choice = resolver.choose(verdict, target)
+            if choice.kernel is None:
+                entry = _entry(module_name, verdict, target, reason=choice.reason)
+                entries.append(entry)
+                if config.kind(kind_name).strict or (config.kind(kind_name).strict is None and config.strict):
+                    unmet.append(entry)
+                continue
+            plan = plans.setdefault(id(module), _ModulePlan(module_name, module))
+            planned = _Planned(module_name, module, provided_kind, verdict, choice.kernel,
+                               dict(config.kind(kind_name).options))
+            spec, plugin = choice.kernel.spec, choice.kernel.plugin
+            # One forward per module: a forward-target kernel and rerouted globals cannot both own it.
+            if plan.forward is not None:
+                clash: str | None = plan.forward.kernel.spec.id
+            elif provided_kind.kind.target == "forward" and plan.globals:
+                clash = plan.globals[0].kernel.spec.id
+            else:
+                clash = None
+            if provided_kind.kind.target == "forward" and clash is None:
+                plan.forward = planned
+            elif provided_kind.kind.target == "global" and clash is None:
+                plan.globals.append(planned)
+            else:
+                entries.append(_entry(module_name, verdict, target,
+                                      reason=f"module forward already taken by kernel {clash}"))
+                continue
+            entries.append(_entry(module_name, verdict, target, kernel=spec.id, plugin=plugin.name,
+                                  distribution=plugin.distribution, version=plugin.version, note=choice.note))
+    return list(plans.values()), entries, unmet
+
+
+def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
+    module = plan.module
+    if plan.forward is not None:
+        p = plan.forward
+        forward = KernelForward(module, kernel_id=p.kernel.spec.id, kind=p.kind.kind.name, impl=p.kernel.spec.impl,
+                                adapter=p.kind.kind.adapter, match=p.match, options=p.options)
+        binding: object = None
+        hook = pm.bind_hook_of(p.kernel.plugin.name)
+        if hook is not None:
+            try:
+                binding = hook(module=module, match=p.match, kernel=p.kernel.spec, forward=forward)
+            except Exception as exc:
+                raise KernelizeError(f"plugin {p.kernel.plugin.name!r} ({p.kernel.plugin.origin}) failed to bind "
+                                     f"kernel {p.kernel.spec.id} to {plan.name}: {type(exc).__name__}: {exc}") from exc
+        if binding is None:
+            binding = pm.default_binding(module=module, match=p.match, kernel=p.kernel.spec, forward=forward)
+            # Build now so a broken adapter or impl fails inside the transaction, not at the first forward.
+            forward._fn = forward._build()
+        binding = _validate_binding(binding, plan.name, p.kernel.spec.id, p.kernel.plugin.name)
+        _apply(module, dict(binding.attributes), ((p.kind.kind.name, p.kernel.spec.id),))
+        return
+    overrides = tuple(
+        GlobalOverride(kernel_id=p.kernel.spec.id, kind=p.kind.kind.name,
+                       global_name=str(p.match.params["global_name"]), impl=p.kernel.spec.impl, adapter=p.kind.kind.adapter, match=p.match, options=p.options)
+        for p in plan.globals
+    )
+    rerouted = ReroutedForward(module, overrides=overrides)
+    rerouted._fn = rerouted._build()
+    _apply(module, {"forward": rerouted}, tuple((o.kind, o.kernel_id) for o in overrides))
+
+
+def kernelize(
+    model: ModelT,
+    *,
+    mode: Mode | None = None,
+    device: str | torch.device | None = None,
+    config: dict[str, Any] | str | KernelsConfig | None = None,
+    strict: bool = False,
+    plugin_manager: KernelsPluginManager | None = None,
+) -> ModelT:
+    """Bind the best available kernel to every module whose math a kernel implements, per instance.
+
+    Every module is classified and every choice made before anything changes; then all bindings are applied,
+    or, if one fails, none. Kernelizing again re-resolves from scratch; :func:`unkernelize` restores every
+    module exactly. The outcome is available from :func:`get_report`.
+
+    Example:
+        >>> import torch, kernels_core
+        >>> model = torch.nn.Sequential(torch.nn.LayerNorm(8))
+        >>> kernels_core.kernelize(model, mode=kernels_core.Mode.INFERENCE) is model
+        True
+
+    Args:
+        model: the model (any ``nn.Module``); modified in place and returned.
+        mode: ``Mode.INFERENCE`` or ``Mode.TRAINING``, optionally ``| Mode.TORCH_COMPILE``; defaults to
+            ``model.training``.
+        device: resolve every module as if it ran on this device or backend (``"cuda:1"``, ``"npu"``,
+            ``"rocm"``); by default each module's own device decides, so ``device_map`` models get a choice per
+            device.
+        config: a dict or TOML path, overriding the environment and file configuration.
+        strict: raise if any matched module gets no kernel (declined modules, whose math differs, never count).
+        plugin_manager: use this manager instead of the process-wide one (tests, embedding frameworks).
+
+    Raises:
+        KernelizeError: an explicit request (``device``, ``strict``, a configured preference) cannot be
+            honoured, or binding failed; the model is unchanged.
+        ConfigError: the configuration is malformed.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"kernelize expects a torch.nn.Module, got {type(model).__name__}")
+    resolved_mode = _resolve_mode(model, mode)
+    cfg = load_config(config)
+    if strict:
+        cfg = KernelsConfig(**{**cfg.__dict__, "strict": True})
+    pm = plugin_manager or get_plugin_manager()
+    mode_name = str(resolved_mode).removeprefix("Mode.")
+    if cfg.disable:
+        report = KernelizeReport(mode=mode_name, entries=(), config_sources=cfg.sources,
+                                 disabled=f"disabled by configuration ({', '.join(cfg.sources)})")
+        model.__dict__[REPORT_ATTR] = report
+        logger.info(report.summary())
+        return model
+    explicit = _explicit_target(device, pm.backends()) if device is not None else None
+    plans, entries, unmet = _plan(model, pm, cfg, resolved_mode, explicit)
+    if unmet:
+        details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
+        raise KernelizeError(f"strict kernelize: {len(unmet)} matched module(s) got no kernel: {details}")
+    undo: list[tuple[str, nn.Module, Any]] = []
+    previous_report = model.__dict__.get(REPORT_ATTR, MISSING)
+    try:
+        for module in model.modules():
+            if BINDING_ATTR in module.__dict__:
+                record = module.__dict__[BINDING_ATTR]
+                current = {attr: module.__dict__.get(attr, MISSING) for attr in record.previous}
+                _restore(module)
+                undo.append(("unbound", module, (record, current)))
+        for plan in plans:
+            _bind_plan(plan, pm)
+            undo.append(("bound", plan.module, None))
+        report = KernelizeReport(mode=mode_name, entries=tuple(entries), config_sources=cfg.sources)
+        model.__dict__[REPORT_ATTR] = report
+    except BaseException:
+        for action, module, saved in reversed(undo):
+            if action == "bound":
+                _restore(module)
+            else:
+                record, current = saved
+                for attr, value in current.items():
+                    if value is MISSING:
+                        module.__dict__.pop(attr, None)
+                    else:
+                        module.__dict__[attr] = value
+                module.__dict__[BINDING_ATTR] = record
+        if previous_report is MISSING:
+            model.__dict__.pop(REPORT_ATTR, None)
+        else:
+            model.__dict__[REPORT_ATTR] = previous_report
+        raise
+    logger.info(report.summary())
+    return model
+
+
+def unkernelize(model: ModelT) -> ModelT:
+    """Undo every binding kernelize made on ``model`` and its sub-modules, restoring them exactly.
+
+    Example:
+        >>> import torch, kernels_core
+        >>> model = torch.nn.Sequential(torch.nn.LayerNorm(8))
+        >>> model = kernels_core.kernelize(model, mode=kernels_core.Mode.INFERENCE)
+        >>> kernels_core.unkernelize(model) is model
+        True
+    """
+    restored = sum(_restore(module) is not None for module in model.modules())
+    model.__dict__.pop(REPORT_ATTR, None)
+    logger.info("unkernelize: restored %d module(s)", restored)
+    return model
+
+
+def get_report(model: nn.Module) -> KernelizeReport | None:
+    """The report of the last kernelize call on ``model`` (None if it was never kernelized or was restored)."""
+    return model.__dict__.get(REPORT_ATTR)

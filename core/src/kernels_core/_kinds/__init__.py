@@ -1,0 +1,74 @@
+"""The layer kinds the core ships, declared as plain data (no torch import here).
+
+Each kind names a lazy matcher, which decides from a module's structure *and* a numerical probe of its own
+forward whether the module computes the kind's math, and a lazy adapter, which builds the per-instance forward
+that calls a kernel following the kind's calling convention (``docs/kernel-conventions.md``).
+"""
+
+from __future__ import annotations
+
+from .._types import LayerKind
+
+
+__all__ = ["CORE_KINDS"]
+
+_P = "kernels_core._kinds"
+
+CORE_KINDS: tuple[LayerKind, ...] = (
+    LayerKind(
+        name="rms_norm",
+        description="RMS normalisation, standard or (1 + weight) offset",
+        variants=("standard", "offset"),
+        matcher=f"{_P}._norms:match_rms_norm",
+        adapter=f"{_P}._norms:adapt_rms_norm",
+        hint_names=("RMSNorm",),
+    ),
+    LayerKind(
+        name="layer_norm",
+        description="LayerNorm over the last dimension",
+        variants=("bias", "no_bias"),
+        matcher=f"{_P}._norms:match_layer_norm",
+        adapter=f"{_P}._norms:adapt_layer_norm",
+        hint_names=("LayerNorm",),
+    ),
+    LayerKind(
+        name="silu_gated_mlp",
+        description="down(silu(gate(x)) * up(x)) MLP (SwiGLU)",
+        variants=("split", "fused"),
+        matcher=f"{_P}._mlp:match_silu_gated_mlp",
+        adapter=f"{_P}._mlp:adapt_gated_mlp",
+        hint_names=("SwiGLUMLP", "MLP"),
+    ),
+    LayerKind(
+        name="gelu_gated_mlp",
+        description="down(gelu_tanh(gate(x)) * up(x)) MLP (GeGLU)",
+        variants=("split", "fused"),
+        matcher=f"{_P}._mlp:match_gelu_gated_mlp",
+        adapter=f"{_P}._mlp:adapt_gated_mlp",
+        hint_names=("GeGLUMLP",),
+    ),
+    LayerKind(
+        name="rotary_embedding",
+        description="apply_rotary_pos_emb used by an attention module (rerouted per instance)",
+        variants=("full", "partial", "interleaved"),
+        matcher=f"{_P}._rotary:match_rotary",
+        adapter=f"{_P}._rotary:adapt_rotary",
+        hint_names=("rotary_pos_emb",),
+        target="global",
+    ),
+    LayerKind(
+        name="causal_lm_loss",
+        description="lm_head + shifted cross-entropy of a *ForCausalLM model (fused linear cross-entropy)",
+        variants=("standard", "softcap"),
+        matcher=f"{_P}._causal_lm:match_causal_lm",
+        adapter=f"{_P}._causal_lm:adapt_causal_lm",
+        hint_names=("ForCausalLMLoss",),
+    ),
+    LayerKind(
+        name="moe_experts",
+        description="transformers 5 *Experts module (3-D gate_up_proj / down_proj)",
+        variants=("silu", "gelu_tanh"),
+        matcher=f"{_P}._experts:match_experts",
+        adapter=f"{_P}._experts:adapt_experts",
+    ),
+)

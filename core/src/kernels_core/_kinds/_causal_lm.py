@@ -1,0 +1,159 @@
+"""Causal-LM loss: a ``*ForCausalLM`` forward that, in training, never materialises the logits.
+
+A whole-model probe would be too costly, so the matcher checks the forward's *code* instead: the names its
+bytecode uses must be exactly those of one of transformers' causal-LM templates (dense, soft-capped, MoE with
+auxiliary loss). A family that adds anything (logit scaling, multipliers, extra heads) uses other names and is
+left alone. The adapter then reproduces that template with the kernel doing lm_head + cross-entropy.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Decline
+from .._types import Match
+from ._context import MatchContext
+from ._context import plain_class_forward
+
+
+__all__ = ["adapt_causal_lm", "match_causal_lm"]
+
+_COMMON = frozenset({
+    "attentions", "config", "hidden_states", "last_hidden_state", "lm_head", "loss_function", "model",
+    "past_key_values", "slice_logits_to_keep", "vocab_size",
+})
+_TEMPLATES = {
+    "dense": _COMMON | {"CausalLMOutputWithPast"},
+    "softcap": _COMMON | {"CausalLMOutputWithPast", "final_logit_softcapping", "tanh", "torch"},
+    "moe": _COMMON | {
+        "MoeCausalLMOutputWithPast", "device", "load_balancing_loss_func", "num_experts", "num_experts_per_tok",
+        "output_router_logits", "router_aux_loss_coef", "router_logits", "to",
+    },
+}
+_ARGS = ("self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
+         "use_cache")
+_TEMPLATE_ARGS = {
+    "dense": (*_ARGS, "logits_to_keep"),
+    "softcap": (*_ARGS, "logits_to_keep"),
+    "moe": (*_ARGS, "output_router_logits", "logits_to_keep"),
+}
+
+
+def _template(module: nn.Module) -> str | None:
+    code = plain_class_forward(module).__code__
+    names = frozenset(code.co_names)
+    args = code.co_varnames[: code.co_argcount]
+    for name, expected in _TEMPLATES.items():
+        if names == expected and args == _TEMPLATE_ARGS[name]:
+            return name
+    return None
+
+
+def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """transformers ``*ForCausalLM`` heads whose forward is a standard template and whose loss is ForCausalLMLoss."""
+    if not (isinstance(module._modules.get("lm_head"), nn.Module) and isinstance(module._modules.get("model"),
+                                                                                  nn.Module)):
+        return None
+    if not hasattr(type(module), "loss_function") or "transformers" not in sys.modules:
+        return None
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    template = _template(module)
+    if template is None:
+        names = sorted(set(plain_class_forward(module).__code__.co_names) - _TEMPLATES["moe"] - _TEMPLATES["softcap"])
+        extra = f" (it also uses {names})" if names else ""
+        return Decline("causal_lm_loss", f"forward is not a standard causal-LM template{extra}; logits may be "
+                                         "post-processed, so the loss cannot be fused safely")
+    try:
+        loss_function = module.loss_function
+    except Exception as exc:  # noqa: BLE001
+        return Decline("causal_lm_loss", f"loss_function unavailable: {exc}")
+    if loss_function is not ForCausalLMLoss:
+        return Decline("causal_lm_loss", f"loss function is {getattr(loss_function, '__name__', loss_function)}, "
+                                         "not transformers' ForCausalLMLoss")
+    lm_head = module.lm_head
+    if not isinstance(lm_head, nn.Linear):
+        return Decline("causal_lm_loss", f"lm_head is {type(lm_head).__name__}, not nn.Linear")
+    config = getattr(module, "config", None)
+    softcap = getattr(config, "final_logit_softcapping", None) if template == "softcap" else None
+    variant = "softcap" if softcap is not None else "standard"
+    params = {"template": template, "softcap": softcap}
+    return Match("causal_lm_loss", variant, params,
+                 evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss")
+
+
+def _shift(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    # Same as ForCausalLMLoss: pad one ignore_index on the right, then drop the first position.
+    padded = nn.functional.pad(labels, (0, 1), value=ignore_index)
+    return padded[..., 1:].contiguous()
+
+
+def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    """Fused path in training with labels; the original forward (with logits) everywhere else."""
+    original = type(module).forward.__get__(module, type(module))
+    template = match.params["template"]
+    softcap = match.params["softcap"]
+    namespace = plain_class_forward(module).__globals__
+    materialize = bool(options.get("materialize_logits", False))
+    output_name = "MoeCausalLMOutputWithPast" if template == "moe" else "CausalLMOutputWithPast"
+
+    def forward(input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
+                past_key_values: Any = None, inputs_embeds: Any = None, labels: Any = None,
+                use_cache: Any = None, *args: Any, **kwargs: Any) -> Any:
+        logits_to_keep = kwargs.get("logits_to_keep", 0)
+        # Positional options past use_cache are rare; the original forward handles them exactly.
+        fused = (
+            labels is not None and module.training and torch.is_grad_enabled() and not materialize
+            and not args and isinstance(logits_to_keep, int) and logits_to_keep == 0
+        )
+        if not fused:
+            return original(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, labels,
+                            use_cache, *args, **kwargs)
+        kwargs.pop("logits_to_keep", None)
+        return_dict = kwargs.pop("return_dict", None)
+        model_kwargs = dict(kwargs)
+        output_router_logits = None
+        if template == "moe":
+            output_router_logits = model_kwargs.pop("output_router_logits", None)
+            if output_router_logits is None:
+                output_router_logits = module.config.output_router_logits
+            model_kwargs["output_router_logits"] = output_router_logits
+        outputs = module.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                               **model_kwargs)
+        hidden = outputs.last_hidden_state
+        ignore_index = kwargs.get("ignore_index", -100)
+        shift_labels = kwargs.get("shift_labels")
+        if shift_labels is None:
+            shift_labels = _shift(labels, ignore_index)
+        lm_head = module.lm_head
+        loss = impl(
+            hidden.reshape(-1, hidden.shape[-1]),
+            lm_head.weight,
+            shift_labels.reshape(-1).to(hidden.device),
+            bias=lm_head.bias,
+            ignore_index=ignore_index,
+            num_items_in_batch=kwargs.get("num_items_in_batch"),
+            softcap=softcap,
+        )
+        extra: dict[str, Any] = {}
+        if template == "moe":
+            aux_loss = None
+            if output_router_logits:
+                aux_loss = namespace["load_balancing_loss_func"](
+                    outputs.router_logits, module.num_experts, module.num_experts_per_tok, attention_mask
+                )
+                loss = loss + module.router_aux_loss_coef * aux_loss.to(loss.device)
+            extra = {"aux_loss": aux_loss, "router_logits": outputs.router_logits}
+        result = namespace[output_name](
+            loss=loss, logits=None, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions, **extra,
+        )
+        return result.to_tuple() if return_dict is False else result
+
+    return forward

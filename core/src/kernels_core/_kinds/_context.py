@@ -1,0 +1,127 @@
+"""What every matcher needs: the original forward of a module, probe inputs and tolerances.
+
+Probes run the module's *original* forward (the class forward, or what kernels-core replaced) on a few random
+rows under ``torch.no_grad()``, on the module's own device and dtype, with its real parameters. They never
+change the module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+__all__ = [
+    "MatchContext",
+    "close",
+    "module_device",
+    "param_dtype",
+    "plain_class_forward",
+    "positional_arity",
+    "rel_error",
+    "tolerance",
+]
+
+BINDING_ATTR = "_kernels_core_binding"
+
+# Relative error (max |a-b| / max |b|) below which a probe counts as the same math. Generous enough for the
+# module computing in a different order than the reference, tight enough that a (1 + w) offset, a different
+# activation or a missing multiplier (errors of order 1) never passes.
+_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return _TOLERANCE.get(dtype, 3e-2)
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    scale = expected.abs().max().clamp_min(1e-12)
+    return float((actual - expected).abs().max() / scale)
+
+
+def close(actual: object, expected: torch.Tensor, dtype: torch.dtype) -> bool:
+    return (
+        isinstance(actual, torch.Tensor)
+        and actual.shape == expected.shape
+        and bool(torch.isfinite(actual).all())
+        and rel_error(actual, expected) <= tolerance(dtype)
+    )
+
+
+def module_device(module: nn.Module) -> torch.device | None:
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return None
+
+
+def param_dtype(module: nn.Module) -> torch.dtype | None:
+    for tensor in module.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def plain_class_forward(module: nn.Module) -> Callable[..., Any]:
+    """The class's forward with decorators peeled off (for reading its code, not for calling)."""
+    return inspect.unwrap(type(module).forward)
+
+
+def positional_arity(fn: Callable[..., Any]) -> tuple[int, bool]:
+    """(number of positional parameters after self, whether it takes *args) of a class forward."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional), any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+class MatchContext:
+    """Per-kernelize-call state shared by matchers.
+
+    Args:
+        root: the model being kernelized.
+        seed: seed for probe inputs, so classification is reproducible.
+    """
+
+    def __init__(self, root: nn.Module, *, seed: int = 1234) -> None:
+        self.root = root
+        self.config = getattr(root, "config", None)
+        self._seed = seed
+        self._rotary_dims: set[int] | None = None
+        # Matchers of several kinds may classify the same module (e.g. both gated-MLP kinds); probe once.
+        self.memo: dict[tuple[str, int], Any] = {}
+
+    def original_forward(self, module: nn.Module) -> Callable[..., Any]:
+        """The forward the module had before kernels-core bound anything to it."""
+        record = module.__dict__.get(BINDING_ATTR)
+        if record is not None and "forward" in record.previous:
+            previous = record.previous["forward"]
+            if previous is not record.MISSING:
+                return previous
+            return type(module).forward.__get__(module, type(module))
+        return module.forward
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        gen = torch.Generator(device=device) if device.type in ("cpu", "cuda") else torch.Generator()
+        gen.manual_seed(self._seed)
+        return gen
+
+    def randn(self, *shape: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+        on = device if gen.device.type == device.type else torch.device("cpu")
+        return torch.randn(*shape, generator=gen, device=on, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    def rotary_dims(self) -> set[int]:
+        """Dimensions rotated by the model's rotary embedding modules (2 * len(inv_freq))."""
+        if self._rotary_dims is None:
+            dims: set[int] = set()
+            for module in self.root.modules():
+                inv_freq = module._buffers.get("inv_freq") if hasattr(module, "_buffers") else None
+                if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
+                    dims.add(2 * inv_freq.numel())
+            self._rotary_dims = dims
+        return self._rotary_dims

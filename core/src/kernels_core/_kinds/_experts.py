@@ -1,0 +1,86 @@
+"""MoE experts of transformers 5 (``*Experts`` modules holding 3-D ``gate_up_proj`` / ``down_proj``)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Decline
+from .._types import Match
+from . import _reference
+from ._context import MatchContext
+from ._context import close
+from ._context import rel_error
+
+
+__all__ = ["adapt_experts", "match_experts"]
+
+_EXPECTED_FLAGS = {
+    "is_transposed": False,
+    "is_concatenated": True,
+    "has_bias": False,
+    "has_gate": True,
+    "has_post_expert_norm": False,
+}
+_FORWARD_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
+
+
+def match_experts(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """Experts with concatenated [gate; up] weights, no bias, SiLU or tanh-GELU, verified by a routed probe."""
+    gate_up = module._parameters.get("gate_up_proj")
+    down = module._parameters.get("down_proj")
+    if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
+        return None
+    if gate_up.dim() != 3 or down.dim() != 3:
+        return None
+    params = list(inspect.signature(type(module).forward).parameters)[1:4]
+    if tuple(params) != _FORWARD_ARGS and not (params and params[0] == "args"):
+        return Decline("moe_experts", f"forward arguments {params} are not (hidden_states, top_k_index, "
+                                      "top_k_weights)")
+    for flag, expected in _EXPECTED_FLAGS.items():
+        value = getattr(module, flag, expected)
+        if value != expected:
+            return Decline("moe_experts", f"{flag}={value} layout is not handled (needs {flag}={expected})")
+    extra = sorted(set(module._parameters) - {"gate_up_proj", "down_proj"})
+    if extra:
+        return Decline("moe_experts", f"extra parameters {extra} (biases, scales) are not handled")
+    n_experts, two_inter, hidden = gate_up.shape
+    if down.shape != (n_experts, hidden, two_inter // 2):
+        return Decline("moe_experts", f"down_proj shape {tuple(down.shape)} does not match gate_up_proj "
+                                      f"{tuple(gate_up.shape)}")
+    if gate_up.device.type == "meta":
+        return Decline("moe_experts", "parameters are on the meta device; the math cannot be verified")
+    activation = _reference.identify_activation(getattr(module, "act_fn", None), device=gate_up.device)
+    if activation not in ("silu", "gelu_tanh"):
+        return Decline("moe_experts", f"activation is {activation or 'unrecognised'}, not SiLU or tanh-GELU")
+    dtype, device = gate_up.dtype, gate_up.device
+    gen = ctx.generator(device)
+    tokens, top_k = 6, min(2, n_experts)
+    x = ctx.randn(tokens, hidden, device=device, dtype=dtype, gen=gen)
+    scores = ctx.randn(tokens, n_experts, device=device, dtype=torch.float32, gen=gen)
+    weights, index = torch.topk(scores.softmax(-1), top_k, dim=-1)
+    weights = weights.to(dtype)
+    with torch.no_grad():
+        try:
+            actual = ctx.original_forward(module)(x, index, weights)
+        except Exception as exc:  # noqa: BLE001
+            return Decline("moe_experts", f"probe forward raised {type(exc).__name__}: {exc}")
+        expected = _reference.moe_experts(x, index, weights, gate_up, down, activation=activation)
+    if not close(actual, expected, dtype):
+        err = rel_error(actual, expected) if isinstance(actual, torch.Tensor) and actual.shape == expected.shape \
+            else float("inf")
+        return Decline("moe_experts", f"probe output differs from the routed gated-MLP reference "
+                                      f"(rel. error {err:.1e}); math differs")
+    return Match("moe_experts", activation, {"activation": activation, "num_experts": n_experts},
+                 evidence=f"probe matches routed {activation}-gated experts")
+
+
+def adapt_experts(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        return impl(hidden_states, top_k_index, top_k_weights, module.gate_up_proj, module.down_proj)
+
+    return forward

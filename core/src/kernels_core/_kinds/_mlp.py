@@ -1,0 +1,118 @@
+"""Gated MLPs, ``down(act(gate(x)) * up(x))``: SiLU (SwiGLU) and tanh-GELU (GeGLU).
+
+The adapter keeps the module's own projection sub-modules (so LoRA, quantized or sharded linears keep working)
+and hands only the activation-times-up product to the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Decline
+from .._types import Match
+from . import _reference
+from ._context import MatchContext
+from ._context import close
+from ._context import positional_arity
+from ._context import rel_error
+
+
+__all__ = ["adapt_gated_mlp", "match_gelu_gated_mlp", "match_silu_gated_mlp"]
+
+_KIND_FOR_ACTIVATION = {"silu": "silu_gated_mlp", "gelu_tanh": "gelu_gated_mlp"}
+
+
+def _layout(module: nn.Module) -> str | None:
+    children = module._modules
+    if all(isinstance(children.get(n), nn.Module) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "split"
+    if all(isinstance(children.get(n), nn.Module) for n in ("gate_up_proj", "down_proj")):
+        return "fused"
+    return None
+
+
+def _activation_module(module: nn.Module) -> object | None:
+    for attr in ("act_fn", "activation_fn", "act"):
+        act = getattr(module, attr, None)
+        if act is not None:
+            return act
+    return None
+
+
+def _gate_up(module: nn.Module, layout: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout == "split":
+        return module.gate_proj(x), module.up_proj(x)
+    gate, up = module.gate_up_proj(x).chunk(2, dim=-1)
+    return gate, up
+
+
+def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Decline] | None:
+    """(kind, verdict) for a module shaped like a gated MLP, else None."""
+    layout = _layout(module)
+    if layout is None:
+        return None
+    arity, star = positional_arity(type(module).forward)
+    if arity != 1 or star:
+        return ("silu_gated_mlp", Decline("silu_gated_mlp", "forward takes more than the hidden states"))
+    weight = next(module.parameters(), None)
+    if weight is None or weight.device.type == "meta":
+        return ("silu_gated_mlp", Decline("silu_gated_mlp", "parameters are on the meta device; cannot verify"))
+    activation = _reference.identify_activation(_activation_module(module), device=weight.device)
+    kind = _KIND_FOR_ACTIVATION.get(activation or "")
+    if kind is None:
+        what = activation or "unrecognised"
+        return ("silu_gated_mlp",
+                Decline("silu_gated_mlp", f"gated MLP whose activation is {what}, not SiLU or tanh-GELU"))
+    in_features = module.down_proj.out_features if isinstance(module.down_proj, nn.Linear) else None
+    in_features = getattr(module.gate_proj if layout == "split" else module.gate_up_proj, "in_features", in_features)
+    if not isinstance(in_features, int):
+        return (kind, Decline(kind, "projection input size unknown (not nn.Linear-like)"))
+    dtype = weight.dtype
+    gen = ctx.generator(weight.device)
+    x = ctx.randn(1, 3, in_features, device=weight.device, dtype=dtype, gen=gen)
+    with torch.no_grad():
+        try:
+            actual = ctx.original_forward(module)(x)
+            gate, up = _gate_up(module, layout, x)
+            expected = module.down_proj(_reference.gated_activation(gate, up, activation=activation))
+        except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
+            return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
+    if not close(actual, expected, dtype):
+        err = rel_error(actual, expected) if isinstance(actual, torch.Tensor) and actual.shape == expected.shape \
+            else float("inf")
+        return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) "
+                                    f"(rel. error {err:.1e}); math differs (multipliers, order, extra terms?)"))
+    return (kind, Match(kind, layout, {"layout": layout, "activation": activation},
+                        evidence=f"probe matches down({activation}(gate)*up), {layout} projections"))
+
+
+def _classify_once(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Decline] | None:
+    key = ("gated_mlp", id(module))
+    if key not in ctx.memo:
+        ctx.memo[key] = _classify(module, ctx)
+    return ctx.memo[key]
+
+
+def match_silu_gated_mlp(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """SwiGLU MLPs; also reports gated MLPs whose activation no core kind covers."""
+    verdict = _classify_once(module, ctx)
+    return verdict[1] if verdict and verdict[0] == "silu_gated_mlp" else None
+
+
+def match_gelu_gated_mlp(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    verdict = _classify_once(module, ctx)
+    return verdict[1] if verdict and verdict[0] == "gelu_gated_mlp" else None
+
+
+def adapt_gated_mlp(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    layout = match.params["layout"]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        gate, up = _gate_up(module, layout, x)
+        return module.down_proj(impl(gate, up))
+
+    return forward

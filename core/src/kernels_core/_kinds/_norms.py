@@ -1,0 +1,144 @@
+"""RMSNorm and LayerNorm: matchers that verify the math by probing, and adapters that call a kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Decline
+from .._types import Match
+from . import _reference
+from ._context import MatchContext
+from ._context import close
+from ._context import module_device
+from ._context import positional_arity
+from ._context import rel_error
+
+
+__all__ = ["adapt_layer_norm", "adapt_rms_norm", "match_layer_norm", "match_rms_norm"]
+
+# Checked in this order; the first whose reference the module reproduces *bit for bit* wins, else the closest
+# within tolerance. Bitwise first because in float32 both castings agree and llama's is the common one.
+_RMS_CANDIDATES = (
+    ("standard", 0.0, "llama"),
+    ("standard", 0.0, "gemma"),
+    ("offset", 1.0, "gemma"),
+    ("offset", 1.0, "llama"),
+)
+
+
+def _hint(module: nn.Module) -> str:
+    return str(getattr(type(module), "kernel_layer_name", "") or "")
+
+
+def _eps(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _looks_like_rms_norm(module: nn.Module) -> bool:
+    if isinstance(module, nn.RMSNorm) or _hint(module) == "RMSNorm":
+        return True
+    return "rmsnorm" in type(module).__name__.lower()
+
+
+def match_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """RMSNorm in the standard (``w * x̂``) or offset (``(1 + w) * x̂``) form, with its casting order."""
+    if not _looks_like_rms_norm(module):
+        return None
+    weight = module._parameters.get("weight")
+    if not isinstance(weight, torch.Tensor):
+        return Decline("rms_norm", "has no weight parameter (scale-free norm); no kernel handles that form")
+    if weight.dim() != 1 or len(module._parameters) != 1:
+        return Decline("rms_norm", f"expected a single 1-D weight, found parameters {sorted(module._parameters)}")
+    arity, star = positional_arity(type(module).forward)
+    if arity != 1 or star:
+        return Decline("rms_norm", "forward takes more than the hidden states (e.g. a gate); not a plain RMSNorm")
+    eps = _eps(module)
+    if eps is None:
+        return Decline("rms_norm", "no numeric epsilon attribute (variance_epsilon / eps)")
+    if weight.device.type == "meta":
+        return Decline("rms_norm", "parameters are on the meta device; the math cannot be verified")
+    forward = ctx.original_forward(module)
+    dtype, device = weight.dtype, weight.device
+    gen = ctx.generator(device)
+    x = ctx.randn(2, 3, weight.numel(), device=device, dtype=dtype, gen=gen) * 3 + 0.5
+    with torch.no_grad():
+        try:
+            actual = forward(x)
+        except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
+            return Decline("rms_norm", f"probe forward raised {type(exc).__name__}: {exc}")
+        if not isinstance(actual, torch.Tensor):
+            return Decline("rms_norm", f"forward returns {type(actual).__name__}, not a tensor")
+        best: tuple[float, str, float, str] | None = None
+        for variant, offset, casting in _RMS_CANDIDATES:
+            expected = _reference.rms_norm(x, weight, eps=eps, offset=offset, casting=casting)
+            if expected.shape == actual.shape and expected.dtype == actual.dtype and torch.equal(actual, expected):
+                return Match("rms_norm", variant, {"eps": eps, "offset": offset, "casting": casting},
+                             evidence=f"probe equals the {variant}/{casting} reference bit for bit")
+            if close(actual, expected, dtype):
+                err = rel_error(actual, expected)
+                if best is None or err < best[0]:
+                    best = (err, variant, offset, casting)
+    if best is None:
+        return Decline("rms_norm", "probe output matches neither w*x̂ nor (1+w)*x̂ RMSNorm; math differs")
+    err, variant, offset, casting = best
+    return Match("rms_norm", variant, {"eps": eps, "offset": offset, "casting": casting},
+                 evidence=f"probe matches the {variant}/{casting} reference (rel. error {err:.1e})")
+
+
+def adapt_rms_norm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    eps, offset, casting = match.params["eps"], match.params["offset"], match.params["casting"]
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        return impl(hidden_states, module.weight, eps=eps, offset=offset, casting=casting)
+
+    return forward
+
+
+def match_layer_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """LayerNorm over the last dimension, with or without bias."""
+    if not (isinstance(module, nn.LayerNorm) or "layernorm" in type(module).__name__.lower()
+            or _hint(module) == "LayerNorm"):
+        return None
+    weight = module._parameters.get("weight")
+    bias = module._parameters.get("bias")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        return Decline("layer_norm", "no 1-D affine weight; no kernel handles that form")
+    if set(module._parameters) - {"weight", "bias"}:
+        return Decline("layer_norm", f"unexpected parameters {sorted(module._parameters)}")
+    arity, star = positional_arity(type(module).forward)
+    if arity != 1 or star:
+        return Decline("layer_norm", "forward takes more than the hidden states")
+    eps = _eps(module)
+    if eps is None:
+        return Decline("layer_norm", "no numeric epsilon attribute")
+    if module_device(module) is None or weight.device.type == "meta":
+        return Decline("layer_norm", "parameters are on the meta device; the math cannot be verified")
+    gen = ctx.generator(weight.device)
+    x = ctx.randn(2, 3, weight.numel(), device=weight.device, dtype=weight.dtype, gen=gen) * 2 + 0.3
+    with torch.no_grad():
+        try:
+            actual = ctx.original_forward(module)(x)
+        except Exception as exc:  # noqa: BLE001
+            return Decline("layer_norm", f"probe forward raised {type(exc).__name__}: {exc}")
+        expected = _reference.layer_norm(x, weight, bias, eps=eps)
+    if not close(actual, expected, weight.dtype):
+        return Decline("layer_norm", "probe output differs from layer_norm(x) over the last dim; math differs")
+    variant = "bias" if isinstance(bias, torch.Tensor) else "no_bias"
+    return Match("layer_norm", variant, {"eps": eps}, evidence="probe matches F.layer_norm")
+
+
+def adapt_layer_norm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    eps = match.params["eps"]
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        return impl(hidden_states, module.weight, module._parameters.get("bias"), eps=eps)
+
+    return forward

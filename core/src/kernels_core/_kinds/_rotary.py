@@ -1,0 +1,128 @@
+"""Rotary position embedding, a *function* kernel: rerouted per attention instance, never patched globally.
+
+transformers attention forwards call the module-level ``apply_rotary_pos_emb``. Patching that global (what
+Liger does) changes every model of the family in the process; instead the core re-creates the attention's
+class forward for one instance with that single name pointing at the kernel (see ``ReroutedForward``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Decline
+from .._types import Match
+from . import _reference
+from ._context import BINDING_ATTR
+from ._context import MatchContext
+from ._context import close
+from ._context import param_dtype
+
+
+__all__ = ["GLOBAL_NAME", "adapt_rotary", "match_rotary", "reroute_blocker"]
+
+GLOBAL_NAME = "apply_rotary_pos_emb"
+
+
+def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
+    """Why ``global_name`` in this module's forward cannot be rerouted per instance, or None if it can."""
+    forward = type(module).forward
+    code = getattr(forward, "__code__", None)
+    if code is None or global_name not in code.co_names:
+        return f"the class forward does not call {global_name!r} directly"
+    if hasattr(forward, "__wrapped__"):
+        return "the class forward is wrapped by a decorator, so its globals cannot be rerouted per instance"
+    if "forward" in module.__dict__ and BINDING_ATTR not in module.__dict__:
+        return "the instance forward was already replaced by other code; leaving it alone"
+    if not callable(forward.__globals__.get(global_name)):
+        return f"{global_name!r} is not a callable global of {forward.__module__}"
+    return None
+
+
+def _interleaved_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    # GLM-style: the function receives rotate-half formatted cos/sin and re-pairs them itself.
+    half = cos.shape[-1] // 2
+    cos_i = cos[..., :half].repeat_interleave(2, dim=-1)
+    sin_i = sin[..., :half].repeat_interleave(2, dim=-1)
+    return _reference.rotary(q, k, cos_i, sin_i, style="interleaved")
+
+
+def _unsqueeze_position(fn: Callable[..., Any]) -> tuple[int | None, int]:
+    params = list(inspect.signature(fn).parameters.values())
+    for index, param in enumerate(params):
+        if param.name == "unsqueeze_dim":
+            default = param.default if param.default is not inspect.Parameter.empty else 1
+            return (index - 4 if param.kind is not param.KEYWORD_ONLY else None), int(default)
+    return None, 1
+
+
+def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """Attention modules whose forward applies ``apply_rotary_pos_emb`` in the rotate-half form."""
+    code = getattr(type(module).forward, "__code__", None)
+    if code is None or GLOBAL_NAME not in code.co_names:
+        return None
+    blocker = reroute_blocker(module, GLOBAL_NAME)
+    if blocker:
+        return Decline("rotary_embedding", blocker)
+    fn = type(module).forward.__globals__[GLOBAL_NAME]
+    head_dim = getattr(module, "head_dim", None)
+    if not isinstance(head_dim, int):
+        return Decline("rotary_embedding", "attention module has no integer head_dim")
+    dims = ctx.rotary_dims()
+    if len(dims) != 1:
+        return Decline("rotary_embedding",
+                       f"the model's rotary embeddings rotate {sorted(dims) or 'no'} dims; need exactly one size")
+    rotary_dim = next(iter(dims))
+    if rotary_dim > head_dim or rotary_dim % 2:
+        return Decline("rotary_embedding", f"rotary dim {rotary_dim} does not fit head_dim {head_dim}")
+    dtype = param_dtype(module) or torch.float32
+    device = next(module.parameters()).device if any(True for _ in module.parameters()) else torch.device("cpu")
+    if device.type == "meta":
+        return Decline("rotary_embedding", "parameters are on the meta device; the math cannot be verified")
+    gen = ctx.generator(device)
+    q = ctx.randn(1, 2, 5, head_dim, device=device, dtype=dtype, gen=gen)
+    k = ctx.randn(1, 1, 5, head_dim, device=device, dtype=dtype, gen=gen)
+    angles = ctx.randn(1, 5, rotary_dim // 2, device=device, dtype=torch.float32, gen=gen) * 3
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    with torch.no_grad():
+        try:
+            actual = fn(q, k, cos, sin)
+        except Exception as exc:  # noqa: BLE001 - an unusual signature or layout: leave it alone
+            return Decline("rotary_embedding", f"probe of {GLOBAL_NAME} raised {type(exc).__name__}: {exc}")
+        if not (isinstance(actual, tuple) and len(actual) == 2):
+            return Decline("rotary_embedding", f"{GLOBAL_NAME} does not return (q, k)")
+        half = _reference.rotary(q, k, cos, sin)
+        inter = _interleaved_reference(q, k, cos, sin)
+    params = {"global_name": GLOBAL_NAME, "head_dim": head_dim, "rotary_dim": rotary_dim}
+    if all(close(a, e, dtype) for a, e in zip(actual, half, strict=True)):
+        variant = "full" if rotary_dim == head_dim else "partial"
+        return Match("rotary_embedding", variant, params,
+                     evidence=f"probe matches rotate-half rotary over {rotary_dim}/{head_dim} dims")
+    if all(close(a, e, dtype) for a, e in zip(actual, inter, strict=True)):
+        return Match("rotary_embedding", "interleaved", params,
+                     evidence=f"probe matches interleaved rotary over {rotary_dim}/{head_dim} dims")
+    return Decline("rotary_embedding", "probe output matches neither rotate-half nor interleaved rotary")
+
+
+def adapt_rotary(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    """The replacement for ``apply_rotary_pos_emb`` inside this module's forward, same call signature."""
+    original = type(module).forward.__globals__[match.params["global_name"]]
+    position, default = _unsqueeze_position(original)
+
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                             *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if "unsqueeze_dim" in kwargs:
+            unsqueeze_dim = kwargs["unsqueeze_dim"]
+        elif position is not None and len(args) > position:
+            unsqueeze_dim = args[position]
+        else:
+            unsqueeze_dim = default
+        return impl(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    return apply_rotary_pos_emb

@@ -1,0 +1,123 @@
+"""What kernelize did, module by module: printable as a table and as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict
+from dataclasses import dataclass
+from typing import Any
+
+
+__all__ = ["KernelizeReport", "ReportEntry", "format_table"]
+
+
+@dataclass(frozen=True)
+class ReportEntry:
+    """One matched module and layer kind: the kernel applied, or why none was.
+
+    ``reason`` is set when nothing was applied; ``note`` says why an applied kernel is not the first choice
+    (a preferred or higher-priority kernel could not be used).
+    """
+
+    module: str
+    kind: str
+    variant: str | None
+    device: str | None
+    backend: str | None
+    kernel: str | None = None
+    plugin: str | None = None
+    distribution: str | None = None
+    version: str | None = None
+    reason: str | None = None
+    note: str | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.kernel is not None
+
+
+@dataclass(frozen=True)
+class KernelizeReport:
+    """The outcome of one kernelize call.
+
+    Example:
+        >>> report = KernelizeReport(mode="TRAINING", entries=())
+        >>> report.summary()
+        'kernelize (TRAINING): 0 of 0 matched modules got a kernel'
+    """
+
+    mode: str
+    entries: tuple[ReportEntry, ...]
+    disabled: str | None = None
+    config_sources: tuple[str, ...] = ()
+
+    @property
+    def applied(self) -> tuple[ReportEntry, ...]:
+        return tuple(e for e in self.entries if e.applied)
+
+    @property
+    def skipped(self) -> tuple[ReportEntry, ...]:
+        return tuple(e for e in self.entries if not e.applied)
+
+    def summary(self) -> str:
+        if self.disabled:
+            return f"kernelize ({self.mode}): disabled, no kernel applied ({self.disabled})"
+        by_kernel = Counter(e.kernel for e in self.applied)
+        parts = ", ".join(f"{kernel} x{count}" for kernel, count in sorted(by_kernel.items()))
+        text = f"kernelize ({self.mode}): {len(self.applied)} of {len(self.entries)} matched modules got a kernel"
+        return f"{text} [{parts}]" if parts else text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "disabled": self.disabled,
+            "config_sources": list(self.config_sources),
+            "summary": self.summary(),
+            "entries": [asdict(e) for e in self.entries],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self, *, collapse: bool = True) -> str:
+        """A fixed-width table; with ``collapse``, identical rows of numbered layers are merged (``layers.*``)."""
+        rows = []
+        for e in self.entries:
+            outcome = e.kernel if e.applied else "-"
+            origin = f"{e.distribution} {e.version}" if e.distribution else (e.plugin or "")
+            why = e.note or "" if e.applied else e.reason or ""
+            rows.append((e.module or "(model)", e.kind, e.variant or "-", e.backend or "-", outcome, origin, why))
+        if collapse:
+            rows = _collapse(rows)
+        header = ("module", "kind", "variant", "backend", "kernel", "from", "note / reason")
+        lines = [self.summary()]
+        if rows:
+            lines.append(format_table(header, rows))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _collapse(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Merge rows that differ only by layer numbers in the module path, counting them."""
+    import re
+
+    grouped: dict[tuple[str, ...], int] = {}
+    order: list[tuple[str, ...]] = []
+    for row in rows:
+        key = (re.sub(r"\.\d+\.", ".*.", row[0]), *row[1:])
+        if key not in grouped:
+            order.append(key)
+            grouped[key] = 0
+        grouped[key] += 1
+    return [(f"{k[0]} (x{grouped[k]})" if grouped[k] > 1 else k[0], *k[1:]) for k in order]
+
+
+def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(v)) for v in column) for column in zip(header, *rows, strict=True)]
+    def line(values: tuple[str, ...]) -> str:
+        return "  ".join(str(v).ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(tuple("-" * w for w in widths)), *(line(r) for r in rows)])

@@ -1,0 +1,184 @@
+"""Choosing a kernel for one matched module, or saying exactly why none fits.
+
+Priority is data: qualifying kernels sort by (priority high first, plugin name, kernel id), so the outcome never
+depends on the order plugins were registered in. Configured preferences come first and raise when they
+cannot be honoured; automatic choices fall back to the next candidate and record why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata as importlib_metadata
+
+from ._config import KernelsConfig
+from ._forward import load_ref
+from ._manager import KernelsPluginManager
+from ._manager import ProvidedKernel
+from ._types import DeviceInfo
+from ._types import Match
+from ._types import Mode
+from ._types import Supports
+
+
+__all__ = ["Choice", "KernelizeError", "Resolver", "Target"]
+
+logger = logging.getLogger(__name__)
+
+
+class KernelizeError(RuntimeError):
+    """kernelize could not honour an explicit request; the model was left exactly as it was."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a matched module runs: its device, the backend that drives it, and that device's properties."""
+
+    device: str | None
+    backend: str | None
+    device_info: DeviceInfo | None
+    dtype: str | None
+
+
+@dataclass(frozen=True)
+class Choice:
+    kernel: ProvidedKernel | None
+    reason: str | None = None
+    note: str | None = None
+
+
+@cache
+def _requirement_problem(requirement: str) -> str | None:
+    from packaging.requirements import Requirement
+
+    req = Requirement(requirement)
+    if req.marker is not None and not req.marker.evaluate():
+        return None
+    try:
+        installed = importlib_metadata.version(req.name)
+    except importlib_metadata.PackageNotFoundError:
+        return f"requirement missing: {req.name} is not installed (needs {requirement})"
+    if req.specifier and not req.specifier.contains(installed, prereleases=True):
+        return f"requirement missing: {req.name} {installed} installed, needs {requirement}"
+    return None
+
+
+class Resolver:
+    """Kernel choice for one kernelize call (one mode, one configuration, one plugin manager)."""
+
+    def __init__(self, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode) -> None:
+        self.pm = pm
+        self.config = config
+        self.mode = mode
+        self._by_kind: dict[str, list[ProvidedKernel]] = {}
+        for provided in pm.kernels():
+            self._by_kind.setdefault(provided.spec.kind, []).append(provided)
+        self._load_errors: dict[str, str] = {}
+
+    def kernels_for(self, kind: str) -> list[ProvidedKernel]:
+        return self._by_kind.get(kind, [])
+
+    def _config_block(self, provided: ProvidedKernel, kind: str) -> str | None:
+        spec, plugin = provided.spec, provided.plugin.name
+        if spec.id in self.config.disabled_kernels:
+            return f"disabled by config (kernels.disable lists {spec.id})"
+        if spec.id in self.config.kind(kind).disable:
+            return f"disabled by config (kinds.{kind}.disable lists {spec.id})"
+        if plugin in self.config.block_plugins:
+            return f"disabled by config (plugins.block lists {plugin})"
+        if self.config.allow_plugins is not None and plugin not in self.config.allow_plugins:
+            return f"disabled by config (plugin {plugin} not in plugins.allow)"
+        return None
+
+    def problem(self, provided: ProvidedKernel, match: Match, target: Target) -> str | None:
+        """Why this kernel cannot serve this module, or None if it can."""
+        spec = provided.spec
+        blocked = self._config_block(provided, match.kind)
+        if blocked:
+            return blocked
+        if not spec.portable and spec.backend != target.backend:
+            return f"runs on backend {spec.backend}, module is on {target.backend or target.device}"
+        if match.variant not in spec.variants:
+            return f"variant unsupported: handles {list(spec.variants)}, module is {match.variant}"
+        if Mode.TRAINING in self.mode and Supports.BACKWARD not in spec.supports:
+            return "mode unsupported: inference-only kernel (no backward), mode is TRAINING"
+        if Mode.TORCH_COMPILE in self.mode and Supports.TORCH_COMPILE not in spec.supports:
+            return "mode unsupported: not declared torch.compile-safe, mode includes TORCH_COMPILE"
+        if target.dtype is not None and target.dtype not in spec.dtypes:
+            return f"dtype unsupported: handles {list(spec.dtypes)}, module is {target.dtype}"
+        info = target.device_info
+        if spec.capability is not None and not spec.portable:
+            if info is None or info.capability is None:
+                return "capability out of range: device reports no compute capability"
+            if not spec.capability.contains(info.capability):
+                cap = f"{info.capability[0]}.{info.capability[1]}"
+                return f"capability out of range: device is {cap}, kernel needs {spec.capability}"
+        if spec.archs and not spec.portable and (info is None or info.arch not in spec.archs):
+            arch = info.arch if info else None
+            return f"architecture unsupported: device is {arch}, kernel needs {list(spec.archs)}"
+        for requirement in spec.requires:
+            missing = _requirement_problem(requirement)
+            if missing:
+                return missing
+        return None
+
+    def load_problem(self, provided: ProvidedKernel) -> str | None:
+        spec = provided.spec
+        if spec.id not in self._load_errors:
+            try:
+                impl = load_ref(spec.impl)
+                self._load_errors[spec.id] = "" if callable(impl) else f"failed to load: {spec.impl} is not callable"
+            except Exception as exc:  # noqa: BLE001 - a kernel that cannot load falls back
+                self._load_errors[spec.id] = f"failed to load {spec.impl}: {type(exc).__name__}: {exc}"
+        return self._load_errors[spec.id] or None
+
+    def choose(self, match: Match, target: Target) -> Choice:
+        kind_config = self.config.kind(match.kind)
+        if not kind_config.enabled:
+            return Choice(None, reason=f"disabled by config (kinds.{match.kind}.enabled = false)")
+        candidates = self.kernels_for(match.kind)
+        preferred = kind_config.prefer.get(target.backend or "", ()) or kind_config.prefer.get("any", ())
+        if preferred:
+            return self._choose_preferred(match, target, preferred, candidates)
+        problems: list[str] = []
+        fallbacks: list[str] = []
+        for provided in candidates:
+            problem = self.problem(provided, match, target)
+            if problem is None:
+                problem = self.load_problem(provided)
+                if problem is not None:
+                    fallbacks.append(f"{provided.spec.id} {problem}")
+            if problem is None:
+                note = f"fell back: {'; '.join(fallbacks)}" if fallbacks else None
+                return Choice(provided, note=note)
+            problems.append(f"{provided.spec.id}: {problem}")
+        return Choice(None, reason=self._summarise(match, target, candidates, problems))
+
+    def _summarise(self, match: Match, target: Target, candidates: list[ProvidedKernel], problems: list[str]) -> str:
+        same_backend = [p for p in candidates if p.spec.portable or p.spec.backend == target.backend]
+        if not same_backend:
+            return f"no kernel for backend {target.backend or target.device} (kind {match.kind})"
+        relevant = [p for p in problems if "runs on backend" not in p]
+        return "; ".join(relevant)
+
+    def _choose_preferred(self, match: Match, target: Target, preferred: tuple[str, ...],
+                          candidates: list[ProvidedKernel]) -> Choice:
+        by_id = {p.spec.id: p for p in candidates}
+        why: list[str] = []
+        for kernel_id in preferred:
+            provided = by_id.get(kernel_id)
+            if provided is None:
+                why.append(f"{kernel_id}: no such kernel for kind {match.kind}")
+                continue
+            problem = self.problem(provided, match, target) or self.load_problem(provided)
+            if problem is None:
+                return Choice(provided, note="preferred by config")
+            why.append(f"{kernel_id}: {problem}")
+        usable = [p.spec.id for p in candidates
+                  if self.problem(p, match, target) is None and self.load_problem(p) is None]
+        raise KernelizeError(
+            f"configured kernels for kind {match.kind!r} on backend {target.backend!r} cannot be used: "
+            f"{'; '.join(why)}. Kernels that would work here: {usable or 'none'}; "
+            f"all kernels of this kind: {sorted(by_id) or 'none'}"
+        )
