@@ -234,3 +234,13 @@ def test_chunk_rows_follows_the_budget():
 def test_rejects_unflattened_inputs():
     with pytest.raises(ValueError, match="expects hidden_states"):
         fused_linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(5, 4), torch.zeros(6, dtype=torch.long))
+
+
+def test_second_backward_is_refused_not_double_scaled():
+    # Backward scales the stored gradients in place; autograd's saved-tensor version check must catch reuse.
+    hidden = torch.randn(5, 4, requires_grad=True)
+    weight = torch.randn(6, 4, requires_grad=True)
+    loss = fused_linear_cross_entropy(hidden, weight, torch.randint(0, 6, (5,)))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

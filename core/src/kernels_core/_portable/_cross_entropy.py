@@ -39,7 +39,8 @@ Chosen so that, for a 151,936-token vocabulary, a chunk holds ~220 tokens: big e
 per chunk keep a CPU or GPU busy, small enough that the chunk is a minor part of peak memory on a laptop.
 """
 
-# float32 logits + their cast copy for the gradient GEMMs + one float32 temporary (softcap's tanh), per logit.
+# float32 logits (reused in place for the softmax and its gradient) + their cast copy for the gradient GEMMs +
+# softcap's float32 tanh, per logit; the model-dtype GEMM output is freed before the cast copy exists.
 _WORK_BYTES_PER_LOGIT = 12
 # Multiples of 16 rows keep GEMM tiles full on tensor-core hardware; harmless elsewhere.
 _ROW_ALIGN = 16
@@ -107,16 +108,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             logits = F.linear(h, weight, bias).float()
             tanh = None
             if softcap is not None:
-                tanh = torch.tanh(logits / softcap)
-                logits = tanh * softcap
-            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+                tanh = torch.tanh(logits.div_(softcap))
+                logits = torch.mul(tanh, softcap, out=logits)
             target_logit = logits.gather(1, targets[start:stop])
+            # logsumexp by hand, in place: the exponentials are reused as the softmax numerator, so one
+            # [chunk, V] float32 buffer serves the loss and the gradient.
+            row_max = logits.amax(dim=-1, keepdim=True)
+            exp = logits.sub_(row_max).exp_()
+            row_sum = exp.sum(dim=-1, keepdim=True)
+            lse = row_max + row_sum.log()
             loss_sum = loss_sum + ((lse - target_logit).squeeze(1) * valid[start:stop]).sum()
             if not (need_hidden or need_weight or need_bias):
                 continue
 
-            # d loss / d logits = (softmax - onehot) * row_scale, built in place in the logits buffer.
-            grad_logits = logits.sub_(lse).exp_()
+            # d loss / d logits = (softmax - onehot) * row_scale, built in place.
+            grad_logits = exp.div_(row_sum)
             grad_logits.scatter_add_(1, targets[start:stop], torch.full_like(target_logit, -1.0))
             grad_logits.mul_(row_scale[start:stop].unsqueeze(1))
             if tanh is not None:
@@ -146,7 +152,12 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        scaled = [None if g is None else g * grad_output.to(g.dtype) for g in (grad_hidden, grad_weight, grad_bias)]
+        # In place: a copy of the [V, H] weight gradient would be the largest allocation of the whole loss.
+        # The stored gradients serve exactly one backward; a second one (retain_graph=True) is refused by
+        # autograd's version check on the saved tensors instead of silently scaling twice.
+        scaled = [
+            None if g is None else g.mul_(grad_output.to(g.dtype)) for g in (grad_hidden, grad_weight, grad_bias)
+        ]
         return (*scaled, None, None, None, None, None)
 
 
