@@ -1,0 +1,38 @@
+"""The kernels-core entry point of kernels-npu (``kernels_core.plugins: npu``).
+
+Importing this module is cheap and cannot fail on a host without Ascend: it imports kernels-core's value types
+only. torch_npu is imported lazily by detection and by the kernels themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kernels_core import BackendInfo
+from kernels_core import KernelSpec
+from kernels_core import LayerKind
+from kernels_core import hookimpl
+
+
+__all__ = ["kernels_core_detect_devices", "kernels_core_kernels", "kernels_core_layer_kinds"]
+
+
+@hookimpl
+def kernels_core_detect_devices() -> Iterable[BackendInfo]:
+    from ._detect import detect_npu
+
+    return [detect_npu()]
+
+
+@hookimpl
+def kernels_core_layer_kinds() -> Iterable[LayerKind]:
+    from ._specs import attention_kind
+
+    return [attention_kind()]
+
+
+@hookimpl
+def kernels_core_kernels() -> Iterable[KernelSpec]:
+    from ._specs import kernel_specs
+
+    return kernel_specs()

@@ -1,0 +1,38 @@
+"""RMSNorm over ``torch_npu.npu_rms_norm`` (the ``rms_norm`` kind, variants ``standard`` and ``offset``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._torch_npu import load_torch_npu
+
+
+__all__ = ["rms_norm"]
+
+
+def rms_norm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float, casting: str
+) -> torch.Tensor:
+    """RMS-normalise the last dimension with ``npu_rms_norm``, following the ``rms_norm`` calling convention.
+
+    ``npu_rms_norm(x, gamma, epsilon)`` returns ``(y, rstd)`` and requires ``gamma`` in ``x``'s dtype; it has no
+    offset argument, so the ``(1 + weight)`` variant passes ``offset + weight`` as gamma (passing the raw,
+    zero-initialised weight is the bug that gave LLaMA-Factory all-zero outputs on Qwen3.5). Autograd goes
+    through the operator's registered backward, and through the gamma cast back to ``weight``'s dtype.
+
+    Example:
+        >>> y = rms_norm(x, layer.weight, eps=1e-6, offset=0.0, casting="llama")  # doctest: +SKIP
+    """
+    npu = load_torch_npu()
+    dtype = hidden_states.dtype
+    if casting == "gemma":
+        # Gemma computes (offset + w) in float32 and casts the product once, so the result is in x's dtype.
+        gamma = (weight.float() + offset).to(dtype)
+        return npu.npu_rms_norm(hidden_states, gamma, epsilon=float(eps))[0]
+    if casting == "llama":
+        # Llama multiplies in the promoted dtype of weight and x: normalise in x's dtype (the operator's native
+        # one), then cast the result up when the weight is wider (fp32 master weights with bf16 activations).
+        scale = weight + offset if offset else weight
+        out = npu.npu_rms_norm(hidden_states, scale.to(dtype), epsilon=float(eps))[0]
+        return out.to(torch.promote_types(scale.dtype, dtype))
+    raise ValueError(f"rms_norm: unknown casting {casting!r}; expected 'llama' or 'gemma'")
