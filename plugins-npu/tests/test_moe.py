@@ -54,7 +54,7 @@ def test_emulated_npu_moe_matches_eager_experts(kind, dtype):
     params = (module.gate_up_proj, module.down_proj)
     ref = torch.autograd.grad(expected, (x_ref, w_ref, *params), grad)
     ours = torch.autograd.grad(actual, (x_npu, w_npu, *params), grad)
-    for a, e, what in zip(ours, ref, ("hidden", "routing weights", "gate_up_proj", "down_proj")):
+    for a, e, what in zip(ours, ref, ("hidden", "routing weights", "gate_up_proj", "down_proj"), strict=True):
         assert_grad_close(a.float(), e.float(), dtype, what=f"grad {what}")
 
 

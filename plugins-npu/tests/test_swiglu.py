@@ -31,7 +31,8 @@ def test_emulated_npu_swiglu_matches_llama_mlp_split(dtype):
     assert_close(actual, expected, dtype, what="output")
     params = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
     grad = torch.randn_like(expected)
-    for ours, ref, name in zip(_grads(actual, params, grad), _grads(expected, params, grad), ("gate", "up", "down")):
+    pairs = zip(_grads(actual, params, grad), _grads(expected, params, grad), ("gate", "up", "down"), strict=True)
+    for ours, ref, name in pairs:
         assert_grad_close(ours.float(), ref.float(), dtype, what=f"grad {name}_proj")
 
 
@@ -50,7 +51,8 @@ def test_emulated_npu_swiglu_matches_phi3_fused_gate_up_without_a_copy(emulation
     assert name == "npu_swiglu" and args["self"].data_ptr() == gate_up.data_ptr()
     params = (mlp.gate_up_proj.weight, mlp.down_proj.weight)
     grad = torch.randn_like(expected)
-    for ours, ref, what in zip(_grads(actual, params, grad), _grads(expected, params, grad), ("gate_up", "down")):
+    pairs = zip(_grads(actual, params, grad), _grads(expected, params, grad), ("gate_up", "down"), strict=True)
+    for ours, ref, what in pairs:
         assert_grad_close(ours.float(), ref.float(), dtype, what=f"grad {what}_proj")
 
 

@@ -104,9 +104,13 @@ _ROTARY_MAX_BN_GRAD = 1024
 
 
 def npu_rotary_mul(
-    self: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half", rotate: torch.Tensor | None = None
+    self: torch.Tensor,
+    r1: torch.Tensor,
+    r2: torch.Tensor,
+    rotary_mode: str = "half",
+    rotate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x * r1 + rotate(x) * r2``; ``half``: rotate = cat(-x2, x1), ``interleave``: GPT-J pairs (Atlas A2/A3 rules)."""
+    """``x * r1 + rotate(x) * r2``; ``half``: rotate = cat(-x2, x1), ``interleave``: GPT-J pairs (A2/A3 rules)."""
     _record("npu_rotary_mul", self=self, r1=r1, r2=r2, rotary_mode=rotary_mode, rotate=rotate)
     if rotary_mode not in ("half", "interleave"):
         raise RuntimeError(f"npu_rotary_mul: rotary_mode must be 'half' or 'interleave', got {rotary_mode!r}")
@@ -376,7 +380,7 @@ def npu_grouped_matmul(
         if group_type in (None, -1):
             if len(x) != len(weight):
                 raise RuntimeError("npu_grouped_matmul: without grouping, x and weight lists must have equal length")
-            outs = [(xi.float() @ wi.float()).to(dtype) for xi, wi in zip(x, weight)]
+            outs = [(xi.float() @ wi.float()).to(dtype) for xi, wi in zip(x, weight, strict=True)]
             return [torch.cat(outs, dim=0)] if split_item in (2, 3) else outs
         if group_list is None:
             raise RuntimeError(f"npu_grouped_matmul: group_type {group_type} needs group_list")
