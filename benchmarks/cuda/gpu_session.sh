@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
+# Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
+# space-separated subset of: probe tests rmsnorm qwen3 qwen3compile portable
+set -u
+STAGES="${1:-probe tests rmsnorm qwen3}"
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/core/src:$PWD/triton-adapters/src:$PWD/plugins-cuda/src
+log() { echo "== $* ($(date +%T))" | tee -a "$OUT/log.txt"; }
+if [[ " $STAGES " == *" probe "* ]]; then
+  log probe
+  { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv;
+    python3 -c "import torch,triton,transformers,liger_kernel,importlib.metadata as m;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__,m.version('liger-kernel'))";
+    python3 -m pip install --no-deps --no-build-isolation --no-index -q -e core -e triton-adapters -e plugins-cuda 2>&1 | tail -2;
+    python3 -c "import importlib.metadata as m; print('entry points:', [e.name for e in m.entry_points(group='kernels_core.plugins')])";
+  } 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" tests "* ]]; then
+  log tests
+  for pkg in triton-adapters plugins-cuda; do
+    (cd $pkg && timeout 420 python3 -m pytest -q -rs --tb=short tests -p no:cacheprovider) 2>&1 \
+      | tee -a "$OUT/pytest.txt" | tail -25
+  done
+fi
+if [[ " $STAGES " == *" rmsnorm "* ]]; then
+  log rmsnorm
+  timeout 180 python3 benchmarks/cuda/rmsnorm_bench.py --out "$OUT/cuda-rmsnorm.json" 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" qwen3 "* ]]; then
+  log qwen3
+  timeout 400 python3 benchmarks/cuda/qwen3_bench.py --out "$OUT/cuda-qwen3.json" \
+    --variants "${QWEN3_VARIANTS:-eager,liger,standin,kernelize}" 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" portable "* ]] && [[ -f benchmarks/portable_memory.py ]]; then
+  log portable
+  timeout 300 python3 benchmarks/portable_memory.py --device cuda --shape qwen3-0.6b \
+    --out "$OUT/portable-cuda-qwen3-0.6b.json" 2>&1 | tee -a "$OUT/log.txt"
+fi
+log done

@@ -1,0 +1,211 @@
+"""Qwen3-0.6B-shape training and prefill benchmark: eager, Liger's own patching, torch.compile, kernelize,
+kernelize + torch.compile, each variant in a fresh process (Liger's patching is process-global).
+
+    python benchmarks/cuda/qwen3_bench.py --out benchmarks/results/cuda-qwen3-h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+
+VARIANTS = [
+    "eager",
+    "liger",
+    "torch_compile",
+    "kernelize",
+    "kernelize_compile",
+    "standin",
+    "standin_compile",
+    "liger_compile",
+]
+
+
+def build(seed: int = 0):
+    from transformers import Qwen3Config
+    from transformers import Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    return model
+
+
+def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
+    how = ""
+    if variant.startswith("liger"):
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+        apply_liger_kernel_to_qwen3(model=model)
+    if variant.startswith(("kernelize", "standin")):
+        sys.path.insert(0, str(pathlib.Path(__file__).parent))
+        from _bind import kernelize
+
+        how = kernelize(
+            model, training=training, compile_mode=variant.endswith("compile"), stand_in=variant.startswith("standin")
+        )
+    if variant.endswith("compile"):
+        return torch.compile(model), how
+    return model, how
+
+
+def train(variant: str, steps: int, warmup: int) -> dict:
+    model = build()
+    model.train()
+    runner, how = prepare(model, variant, training=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    batch = torch.randint(0, 151936, (4, 2048), device="cuda", generator=gen)
+    losses = []
+
+    def step():
+        loss = runner(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        losses.append(step().item())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    losses.append(loss.item())
+    result = {
+        "train_tokens_per_s": steps * batch.numel() / elapsed,
+        "train_step_ms": 1e3 * elapsed / steps,
+        "train_peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
+        "losses": losses,
+        "binding": how,
+    }
+    del model, runner, opt
+    torch.cuda.empty_cache()
+    return result
+
+
+def prefill(variant: str, reps: int) -> dict:
+    torch._dynamo.reset()
+    model = build()
+    model.eval()
+    runner, how = prepare(model, variant, training=False)
+    ids = torch.randint(0, 151936, (1, 2048), device="cuda")
+    with torch.no_grad():
+        for _ in range(5):
+            runner(input_ids=ids)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            runner(input_ids=ids)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    times.sort()
+    return {"prefill_ms": times[len(times) // 2], "prefill_binding": how}
+
+
+def child(variant: str, out: pathlib.Path, steps: int) -> None:
+    result = {"variant": variant}
+    try:
+        result.update(train(variant, steps=steps, warmup=3))
+    except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report
+        result["train_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        result["train_traceback"] = traceback.format_exc()[-4000:]
+    try:
+        result.update(prefill(variant, reps=20))
+    except Exception as exc:  # noqa: BLE001
+        result["prefill_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    out.write_text(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--timeout", type=int, default=240)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=pathlib.Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.child_out, args.steps)
+        return
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from _common import environment
+    from _common import write_json
+
+    rows = []
+    for variant in args.variants.split(","):
+        tmp = args.out.with_name(f".{variant}.json")
+        cmd = [sys.executable, __file__, "--child", variant, "--child-out", str(tmp), "--steps", str(args.steps)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
+            row = json.loads(tmp.read_text()) if tmp.exists() else {"variant": variant}
+            if proc.returncode != 0:
+                row["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+        except subprocess.TimeoutExpired:
+            row = {"variant": variant, "process_error": f"timed out after {args.timeout}s"}
+        tmp.unlink(missing_ok=True)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("losses", "train_traceback")}), flush=True)
+    write_json(
+        args.out,
+        {
+            "environment": environment(),
+            "config": "Qwen3-0.6B shape, bf16, sdpa, AdamW(fused), train batch 4x2048, prefill 1x2048 no_grad",
+            "steps_timed": args.steps,
+            "rows": rows,
+        },
+    )
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        names = [r["variant"] for r in rows]
+        for ax, key, title in zip(
+            axes,
+            ("train_tokens_per_s", "train_peak_GiB", "prefill_ms"),
+            ("train tokens/s (higher better)", "train peak GiB", "prefill ms (lower better)"),
+        ):
+            ax.bar(names, [r.get(key, 0) or 0 for r in rows])
+            ax.set_title(title)
+            ax.tick_params(axis="x", rotation=45)
+        fig.suptitle(f"Qwen3-0.6B shape, {environment()['device']}")
+        fig.tight_layout()
+        fig.savefig(args.out.with_suffix(".png"), dpi=110)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""RMSNorm microbenchmark: Liger vs torch.nn.functional.rms_norm vs the tuned kernel kernels-cuda picks,
+against the measured device-to-device copy bandwidth, forward and forward+backward, bf16.
+
+    python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from _common import environment
+from _common import write_json
+from kernels_cuda import _ops
+from kernels_triton import _rms_norm
+
+
+SHAPES = [
+    (2048, 1024),
+    (8192, 1024),
+    (131072, 128),
+    (4096, 4096),
+    (16384, 2048),
+    (8192, 8192),
+    (16384, 4096),
+    (32768, 4096),
+    (65536, 2048),
+    (32768, 8192),
+]
+
+
+def bench(fn, *, rep=200):
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # microseconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    args = parser.parse_args()
+    dtype = torch.bfloat16
+    # Copy bandwidth: bytes read + written by a large device-to-device copy.
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(big)
+    copy_bw = 2 * big.numel() / (bench(lambda: dst.copy_(big)) * 1e-6) / 1e9
+    del big, dst
+    kernels = {
+        "liger": lambda x, w: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "f_rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+        "tuned": lambda x, w: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+    }
+    rows = []
+    for n, h in SHAPES:
+        x = torch.randn(n, h, device="cuda", dtype=dtype)
+        w = torch.randn(h, device="cuda", dtype=dtype)
+        dst = torch.empty_like(x)
+        row = {"shape": [n, h], "elements": n * h, "copy_us": bench(lambda: dst.copy_(x))}
+        nbytes = 2 * x.numel() * x.element_size()
+        for name, fn in kernels.items():
+            row[f"{name}_fwd_us"] = bench(lambda fn=fn: fn(x, w))
+            row[f"{name}_fwd_frac_copy_bw"] = nbytes / (row[f"{name}_fwd_us"] * 1e-6) / 1e9 / copy_bw
+            xg = x.detach().requires_grad_(True)
+            wg = w.detach().requires_grad_(True)
+            dy = torch.randn_like(x)
+
+            def fwd_bwd(fn=fn):
+                y = fn(xg, wg)
+                torch.autograd.grad(y, (xg, wg), dy)
+
+            row[f"{name}_fwdbwd_us"] = bench(fwd_bwd)
+        rows.append(row)
+        print(
+            f"{n:>6}x{h:<5} copy {row['copy_us']:8.1f}us | fwd liger {row['liger_fwd_us']:8.1f} "
+            f"F.rms_norm {row['f_rms_norm_fwd_us']:8.1f} tuned {row['tuned_fwd_us']:8.1f} "
+            f"({row['tuned_fwd_frac_copy_bw']:.0%} bw) | fwd+bwd liger {row['liger_fwdbwd_us']:8.1f} "
+            f"F {row['f_rms_norm_fwdbwd_us']:8.1f} tuned {row['tuned_fwdbwd_us']:8.1f}",
+            flush=True,
+        )
+        del x, w, dst
+    payload = {
+        "environment": environment(),
+        "dtype": "bfloat16",
+        "copy_bandwidth_GBps": copy_bw,
+        "tuned_liger_min_elements": _ops.LIGER_RMS_NORM_MIN_ELEMENTS,
+               "tuned_liger_min_hidden": _ops.LIGER_RMS_NORM_MIN_HIDDEN,
+        "rows": rows,
+    }
+    write_json(args.out, payload)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        labels = [f"{r['shape'][0]}x{r['shape'][1]}" for r in rows]
+        for ax, phase in zip(axes, ("fwd", "fwdbwd")):
+            for name in kernels:
+                ax.plot(labels, [r[f"{name}_{phase}_us"] for r in rows], marker="o", label=name)
+            if phase == "fwd":
+                ax.plot(labels, [r["copy_us"] for r in rows], linestyle="--", color="gray", label="copy")
+            ax.set_yscale("log")
+            ax.set_title(f"RMSNorm {phase} bf16, {payload['environment']['device']}")
+            ax.set_ylabel("median us")
+            ax.tick_params(axis="x", rotation=60)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.out.with_suffix(".png"), dpi=110)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Declarations: valid, unique, lazy, and the mode-dependent choice they encode."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+from kernels_core import Supports
+from kernels_cuda import _plugin
+from kernels_cuda import cuda_kernel_specs
+
+
+SPECS = cuda_kernel_specs()
+
+
+def test_ids_unique_and_named_by_backend_kind():
+    ids = [s.id for s in SPECS]
+    assert len(ids) == len(set(ids))
+    assert all(s.backend == "cuda" and s.id.startswith(f"cuda.{s.kind}.") for s in SPECS)
+    assert all(s.priority >= 100 for s in SPECS), "vendor kernels use priorities of 100 and above"
+
+
+def _best(kind, *, compile_mode):
+    eligible = [s for s in SPECS if s.kind == kind and (not compile_mode or s.supports & Supports.TORCH_COMPILE)]
+    return max(eligible, key=lambda s: s.priority).id if eligible else None
+
+
+@pytest.mark.parametrize("kind,eager,compiled", [
+    ("rms_norm", "cuda.rms_norm.tuned", "cuda.rms_norm.torch"),
+    ("silu_gated_mlp", "cuda.silu_gated_mlp.liger", "cuda.silu_gated_mlp.torch"),
+    ("rotary_embedding", "cuda.rotary_embedding.liger", "cuda.rotary_embedding.torch"),
+    ("causal_lm_loss", "cuda.causal_lm_loss.liger", "cuda.causal_lm_loss.liger"),
+    ("moe_experts", "cuda.moe_experts.liger", None),
+])
+def test_preferred_kernel_per_mode(kind, eager, compiled):
+    assert _best(kind, compile_mode=False) == eager
+    assert _best(kind, compile_mode=True) == compiled
+
+
+def test_liger_kernels_require_liger_and_ampere():
+    for spec in SPECS:
+        if spec.id.endswith((".liger", ".tuned")):
+            assert spec.requires == ("liger-kernel>=0.8.5",)
+            assert spec.capability is not None and spec.capability.min == (8, 0)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_impl_resolves(spec):
+    module, attr = spec.impl.split(":")
+    assert callable(getattr(importlib.import_module(module), attr))
+
+
+def test_hooks_return_declarations():
+    assert tuple(_plugin.kernels_core_kernels()) == SPECS
+
+
+def test_entry_module_imports_no_torch_triton_or_liger():
+    code = ("import sys, kernels_cuda._plugin as p; p.kernels_core_kernels(); "
+            "print(sorted(m for m in ('torch', 'triton', 'liger_kernel') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_entry_point_is_registered():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="kernels_core.plugins")}
+    assert eps.get("cuda") == "kernels_cuda._plugin"
