@@ -258,7 +258,8 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
         return
     overrides = tuple(
         GlobalOverride(kernel_id=p.kernel.spec.id, kind=p.kind.kind.name,
-                       global_name=str(p.match.params["global_name"]), impl=p.kernel.spec.impl, adapter=p.kind.kind.adapter, match=p.match, options=p.options)
+                       global_name=str(p.match.params["global_name"]), impl=p.kernel.spec.impl,
+                       adapter=p.kind.kind.adapter, match=p.match, options=p.options)
         for p in plan.globals
     )
     rerouted = ReroutedForward(module, overrides=overrides)

@@ -106,6 +106,25 @@ class MatchContext:
             return type(module).forward.__get__(module, type(module))
         return module.forward
 
+    def run_probe(self, module: nn.Module, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """``fn(*args)`` with the module in eval and in training behaviour (dropout and the like show up).
+
+        A kernel replaces the forward in both modes, so both must compute the reference math.
+        """
+        flags = [(m, m.training) for m in module.modules()]
+        outputs = []
+        try:
+            with torch.no_grad():
+                for training in (False, True):
+                    for m, _ in flags:
+                        m.training = training
+                    torch.manual_seed(self._seed)
+                    outputs.append(fn(*args))
+        finally:
+            for m, was_training in flags:
+                m.training = was_training
+        return outputs
+
     def generator(self, device: torch.device) -> torch.Generator:
         gen = torch.Generator(device=device) if device.type in ("cpu", "cuda") else torch.Generator()
         gen.manual_seed(self._seed)
@@ -120,8 +139,9 @@ class MatchContext:
         if self._rotary_dims is None:
             dims: set[int] = set()
             for module in self.root.modules():
-                inv_freq = module._buffers.get("inv_freq") if hasattr(module, "_buffers") else None
-                if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
-                    dims.add(2 * inv_freq.numel())
+                # "inv_freq", or one per attention type ("sliding_attention_inv_freq" in Gemma 3).
+                for name, buffer in module._buffers.items():
+                    if name.endswith("inv_freq") and isinstance(buffer, torch.Tensor) and buffer.dim() == 1:
+                        dims.add(2 * buffer.numel())
             self._rotary_dims = dims
         return self._rotary_dims

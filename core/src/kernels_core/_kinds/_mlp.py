@@ -74,18 +74,19 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     dtype = weight.dtype
     gen = ctx.generator(weight.device)
     x = ctx.randn(1, 3, in_features, device=weight.device, dtype=dtype, gen=gen)
-    with torch.no_grad():
-        try:
-            actual = ctx.original_forward(module)(x)
+    try:
+        outputs = ctx.run_probe(module, ctx.original_forward(module), x)
+        with torch.no_grad():
             gate, up = _gate_up(module, layout, x)
             expected = module.down_proj(_reference.gated_activation(gate, up, activation=activation))
-        except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
-            return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
-    if not close(actual, expected, dtype):
-        err = rel_error(actual, expected) if isinstance(actual, torch.Tensor) and actual.shape == expected.shape \
-            else float("inf")
+    except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
+        return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
+    if not all(close(actual, expected, dtype) for actual in outputs):
+        err = max((rel_error(a, expected) if isinstance(a, torch.Tensor) and a.shape == expected.shape
+                   else float("inf")) for a in outputs)
         return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) "
-                                    f"(rel. error {err:.1e}); math differs (multipliers, order, extra terms?)"))
+                                    f"in eval or training behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, "
+                                    "extra terms?)"))
     return (kind, Match(kind, layout, {"layout": layout, "activation": activation},
                         evidence=f"probe matches down({activation}(gate)*up), {layout} projections"))
 

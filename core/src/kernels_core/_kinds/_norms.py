@@ -69,13 +69,15 @@ def match_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | D
     dtype, device = weight.dtype, weight.device
     gen = ctx.generator(device)
     x = ctx.randn(2, 3, weight.numel(), device=device, dtype=dtype, gen=gen) * 3 + 0.5
+    try:
+        actual, actual_training = ctx.run_probe(module, forward, x)
+    except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
+        return Decline("rms_norm", f"probe forward raised {type(exc).__name__}: {exc}")
+    if not isinstance(actual, torch.Tensor):
+        return Decline("rms_norm", f"forward returns {type(actual).__name__}, not a tensor")
+    if not (isinstance(actual_training, torch.Tensor) and torch.equal(actual, actual_training)):
+        return Decline("rms_norm", "forward behaves differently in training (dropout or the like); left alone")
     with torch.no_grad():
-        try:
-            actual = forward(x)
-        except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
-            return Decline("rms_norm", f"probe forward raised {type(exc).__name__}: {exc}")
-        if not isinstance(actual, torch.Tensor):
-            return Decline("rms_norm", f"forward returns {type(actual).__name__}, not a tensor")
         best: tuple[float, str, float, str] | None = None
         for variant, offset, casting in _RMS_CANDIDATES:
             expected = _reference.rms_norm(x, weight, eps=eps, offset=offset, casting=casting)
@@ -123,13 +125,13 @@ def match_layer_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match |
         return Decline("layer_norm", "parameters are on the meta device; the math cannot be verified")
     gen = ctx.generator(weight.device)
     x = ctx.randn(2, 3, weight.numel(), device=weight.device, dtype=weight.dtype, gen=gen) * 2 + 0.3
+    try:
+        outputs = ctx.run_probe(module, ctx.original_forward(module), x)
+    except Exception as exc:  # noqa: BLE001
+        return Decline("layer_norm", f"probe forward raised {type(exc).__name__}: {exc}")
     with torch.no_grad():
-        try:
-            actual = ctx.original_forward(module)(x)
-        except Exception as exc:  # noqa: BLE001
-            return Decline("layer_norm", f"probe forward raised {type(exc).__name__}: {exc}")
         expected = _reference.layer_norm(x, weight, bias, eps=eps)
-    if not close(actual, expected, weight.dtype):
+    if not all(close(actual, expected, weight.dtype) for actual in outputs):
         return Decline("layer_norm", "probe output differs from layer_norm(x) over the last dim; math differs")
     variant = "bias" if isinstance(bias, torch.Tensor) else "no_bias"
     return Match("layer_norm", variant, {"eps": eps}, evidence="probe matches F.layer_norm")

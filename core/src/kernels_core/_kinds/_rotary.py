@@ -84,29 +84,37 @@ def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Dec
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else torch.device("cpu")
     if device.type == "meta":
         return Decline("rotary_embedding", "parameters are on the meta device; the math cannot be verified")
-    gen = ctx.generator(device)
-    q = ctx.randn(1, 2, 5, head_dim, device=device, dtype=dtype, gen=gen)
-    k = ctx.randn(1, 1, 5, head_dim, device=device, dtype=dtype, gen=gen)
-    angles = ctx.randn(1, 5, rotary_dim // 2, device=device, dtype=torch.float32, gen=gen) * 3
-    emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-    with torch.no_grad():
-        try:
-            actual = fn(q, k, cos, sin)
-        except Exception as exc:  # noqa: BLE001 - an unusual signature or layout: leave it alone
-            return Decline("rotary_embedding", f"probe of {GLOBAL_NAME} raised {type(exc).__name__}: {exc}")
-        if not (isinstance(actual, tuple) and len(actual) == 2):
-            return Decline("rotary_embedding", f"{GLOBAL_NAME} does not return (q, k)")
-        half = _reference.rotary(q, k, cos, sin)
-        inter = _interleaved_reference(q, k, cos, sin)
     params = {"global_name": GLOBAL_NAME, "head_dim": head_dim, "rotary_dim": rotary_dim}
-    if all(close(a, e, dtype) for a, e in zip(actual, half, strict=True)):
-        variant = "full" if rotary_dim == head_dim else "partial"
-        return Match("rotary_embedding", variant, params,
-                     evidence=f"probe matches rotate-half rotary over {rotary_dim}/{head_dim} dims")
-    if all(close(a, e, dtype) for a, e in zip(actual, inter, strict=True)):
-        return Match("rotary_embedding", "interleaved", params,
-                     evidence=f"probe matches interleaved rotary over {rotary_dim}/{head_dim} dims")
+    # Some attentions pass the whole head (the function rotates part of it), others slice first and pass only
+    # the rotated part (Phi); probe both input widths.
+    failure = ""
+    for width in dict.fromkeys((head_dim, rotary_dim)):
+        gen = ctx.generator(device)
+        q = ctx.randn(1, 2, 5, width, device=device, dtype=dtype, gen=gen)
+        k = ctx.randn(1, 1, 5, width, device=device, dtype=dtype, gen=gen)
+        angles = ctx.randn(1, 5, rotary_dim // 2, device=device, dtype=torch.float32, gen=gen) * 3
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        with torch.no_grad():
+            try:
+                actual = fn(q, k, cos, sin)
+            except Exception as exc:  # noqa: BLE001 - an unusual signature or layout: leave it alone
+                failure = f"probe of {GLOBAL_NAME} raised {type(exc).__name__}: {exc}"
+                continue
+            if not (isinstance(actual, tuple) and len(actual) == 2):
+                return Decline("rotary_embedding", f"{GLOBAL_NAME} does not return (q, k)")
+            half = _reference.rotary(q, k, cos, sin)
+            inter = _interleaved_reference(q, k, cos, sin)
+        if all(close(a, e, dtype) for a, e in zip(actual, half, strict=True)):
+            variant = "full" if rotary_dim == width else "partial"
+            return Match("rotary_embedding", variant, {**params, "input_dim": width},
+                         evidence=f"probe matches rotate-half rotary over {rotary_dim}/{width} dims")
+        if all(close(a, e, dtype) for a, e in zip(actual, inter, strict=True)):
+            return Match("rotary_embedding", "interleaved", {**params, "input_dim": width},
+                         evidence=f"probe matches interleaved rotary over {rotary_dim}/{width} dims")
+        failure = ""
+    if failure:
+        return Decline("rotary_embedding", failure)
     return Decline("rotary_embedding", "probe output matches neither rotate-half nor interleaved rotary")
 
 

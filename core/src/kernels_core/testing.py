@@ -1,0 +1,94 @@
+"""Helpers for plugin test suites: reference math, tolerances and tiny transformers models built from configs.
+
+Example:
+    >>> import torch
+    >>> from kernels_core.testing import reference, tolerance
+    >>> x, w = torch.randn(3, 8), torch.ones(8)
+    >>> y = reference.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+    >>> tolerance(torch.bfloat16) > tolerance(torch.float32)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._kinds import _reference as reference
+from ._manager import KernelsPluginManager
+
+
+__all__ = ["FAMILIES", "assert_close", "fresh_plugin_manager", "reference", "tiny_causal_lm", "tolerance"]
+
+# Relative error bounds (max |a - b| / max |b|) for comparing a kernel with the eager module. bf16 keeps 8
+# mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in another order or keeps
+# an fp32 intermediate the eager code rounds differs by a few ulps of the output, so the bounds are a few eps.
+# fp32 differences come from reduction order only.
+_TOLERANCES = {torch.float32: 2e-5, torch.float64: 1e-10, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return _TOLERANCES[dtype]
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.dtype | None = None,
+                 factor: float = 1.0, what: str = "") -> None:
+    """Assert ``max|a - e| / max|e| <= factor * tolerance(dtype)``; NaNs never pass."""
+    dtype = dtype or expected.dtype
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    a, e = actual.detach().double(), expected.detach().double()
+    err = float((a - e).abs().max() / e.abs().max().clamp_min(1e-12))
+    bound = factor * tolerance(dtype)
+    assert err <= bound, f"{what}: relative error {err:.3e} exceeds {bound:.1e} ({dtype})"
+
+
+# Tiny configurations of the families the core is tested on; sizes are odd where the architecture allows.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "decoder_sparse_step": 1,
+                  "mlp_only_layers": []},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gemma": {"hidden_activation": "gelu_pytorch_tanh"},
+    "gemma2": {"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": 30.0},
+    "gemma3_text": {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4},
+    "phi3": {"pad_token_id": 0},
+}
+
+
+def tiny_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   **overrides: Any) -> torch.nn.Module:
+    """A randomly initialised ``AutoModelForCausalLM`` of ``model_type`` with two small layers (no download)."""
+    from transformers import AutoConfig
+    from transformers import AutoModelForCausalLM
+
+    settings: dict[str, Any] = {
+        "hidden_size": 48, "intermediate_size": 72, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 12, "vocab_size": 101, "max_position_embeddings": 64,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    settings.update(FAMILIES.get(model_type, {}))
+    settings.update(overrides)
+    config = AutoConfig.for_model(model_type, **settings)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
+
+def fresh_plugin_manager(*plugins: tuple[object, str], portable: bool = True) -> KernelsPluginManager:
+    """A manager with the built-in plugin (and the portable kernels) plus ``(plugin, name)`` pairs, no discovery."""
+    from . import _builtin
+    from ._builtin import portable as portable_plugin
+
+    pm = KernelsPluginManager(load_entrypoints=False, strict=True, allow=None, block=())
+    pm.register(_builtin, "builtin")
+    if portable:
+        pm.register(portable_plugin, "portable")
+    for plugin, name in plugins:
+        pm.register(plugin, name)
+    return pm

@@ -1,0 +1,42 @@
+"""Fixtures: every test gets a fresh plugin manager; nothing depends on what else is installed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels_core.testing import fresh_plugin_manager
+
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import reference_plugin  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch, tmp_path):
+    for name in ("KERNELS_CORE_CONFIG", "KERNELS_CORE_DISABLE", "KERNELS_CORE_PLUGINS",
+                 "KERNELS_CORE_DISABLE_PLUGINS", "KERNELS_CORE_STRICT_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+    # No kernels.toml / pyproject.toml from the checkout may leak into a test.
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def pm():
+    """Built-in plugin and portable kernels only."""
+    return fresh_plugin_manager()
+
+
+@pytest.fixture
+def ref_pm():
+    """Built-in plugin, portable kernels and the reference plugin (priority 50, every kind)."""
+    reference_plugin.CALLS.clear()
+    return fresh_plugin_manager((reference_plugin, "reference"))
+
+
+@pytest.fixture
+def calls():
+    return reference_plugin.CALLS
