@@ -18,7 +18,6 @@ EMULATION = Path(__file__).parent / "emulation"
 sys.path.insert(0, str(EMULATION))
 
 import torch_npu  # noqa: E402  (the emulation, from the path inserted above)
-
 from kernels_npu import _torch_npu  # noqa: E402
 
 

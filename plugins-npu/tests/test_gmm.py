@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kernels_npu._gmm import grouped_matmul
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from kernels_core import KernelsPluginManager
 from kernels_core import Mode
 from kernels_core import get_report
@@ -30,7 +29,8 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**MOE, "num_experts": 4, "decoder_sparse_step": 1}),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 24}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 24}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 5}),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 5}),

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernels_npu._moe import moe_experts
 from npu_testing import assert_close
 from npu_testing import assert_grad_close
 from transformers import MixtralConfig
 from transformers import Qwen3MoeConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
-
-from kernels_npu._moe import moe_experts
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

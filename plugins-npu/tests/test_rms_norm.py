@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernels_npu._rms_norm import rms_norm
 from npu_testing import assert_close
 from npu_testing import assert_grad_close
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-from kernels_npu._rms_norm import rms_norm
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

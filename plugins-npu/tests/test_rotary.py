@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernels_npu._rotary import apply_rotary
 from npu_testing import assert_close
 from npu_testing import assert_grad_close
 from transformers import LlamaConfig
@@ -12,8 +13,6 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_rope
-
-from kernels_npu._rotary import apply_rotary
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

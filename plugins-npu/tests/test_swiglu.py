@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernels_npu._swiglu import silu_mul
 from npu_testing import assert_close
 from npu_testing import assert_grad_close
 from transformers import LlamaConfig
 from transformers import Phi3Config
 from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.phi3.modeling_phi3 import Phi3MLP
-
-from kernels_npu._swiglu import silu_mul
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
