@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from kernels_core import KernelSpec
 from kernels_core import Supports
@@ -44,13 +45,14 @@ def test_attention_layer_kind_reroutes_a_global_per_instance():
 
 
 def test_plugin_import_and_declarations_do_not_import_torch_npu_or_kernels():
+    emulation = str(Path(__file__).parent / "emulation")
     code = (
-        "import sys; sys.path.insert(0, %r)\n"  # the emulation is importable, so an eager import would show
+        f"import sys; sys.path.insert(0, {emulation!r})\n"  # the emulation is importable: an eager import would show
         "import kernels_npu._plugin as p\n"
         "list(p.kernels_core_kernels()); list(p.kernels_core_layer_kinds())\n"
-        "loaded = sorted(m for m in sys.modules if m == 'torch_npu' or m.startswith('kernels_npu.'))\n"
+        "loaded = sorted(m for m in sys.modules if m in ('torch', 'torch_npu') or m.startswith('kernels_npu.'))\n"
         "print(loaded)\n"
-    ) % str(__import__("pathlib").Path(__file__).parent / "emulation")
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['kernels_npu._detect', 'kernels_npu._plugin', 'kernels_npu._specs', " \
                           "'kernels_npu._torch_npu']"

@@ -57,7 +57,8 @@ def _run(model_source, extra_path=None):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TORCH_NPU_EMULATION_DEVICES")}
     if extra_path is not None:
         env["PYTHONPATH"] = str(extra_path)
-    result = subprocess.run([sys.executable, "-c", SCRIPT, model_source], capture_output=True, text=True, env=env, timeout=300)
+    command = [sys.executable, "-c", SCRIPT, model_source]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
