@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from kernels_core.testing import fresh_plugin_manager
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-
 from kernels_core import KernelSpec
 from kernels_core import Supports
 from kernels_core import hookimpl

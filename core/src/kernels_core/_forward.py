@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class BindingRecord:
 
 
 _REF_CACHE: dict[str, object] = {}
+_REROUTED_NAMESPACES: dict[tuple[object, ...], dict[str, Any]] = {}
 
 
 def load_ref(ref: str) -> Any:
@@ -158,11 +160,27 @@ class ReroutedForward(_LazyForward):
 
     def _build(self) -> Callable[..., Any]:
         base = type(self.module).forward
-        namespace = dict(base.__globals__)
-        for override in self.overrides:
-            adapter = load_ref(override.adapter)
-            namespace[override.global_name] = adapter(self.module, override.match, load_ref(override.impl),
-                                                      override.options)
+        key = (base.__module__, base.__qualname__, id(base.__code__), tuple(
+            (o.global_name, o.impl, o.adapter, repr(sorted(o.match.params.items())), repr(sorted(o.options.items())))
+            for o in self.overrides
+        ))
+        namespace = _REROUTED_NAMESPACES.get(key)
+        if namespace is None:
+            # torch.compile guards a function's globals through the module named by ``__name__`` in them, so the
+            # rerouted globals must belong to a real (synthetic) module, not to a bare dict copy that claims to
+            # be the modeling module. Layers with identical overrides share one.
+            name = f"kernels_core._rerouted.m{len(_REROUTED_NAMESPACES)}"
+            synthetic = types.ModuleType(name)
+            namespace = synthetic.__dict__
+            namespace.update({k: v for k, v in base.__globals__.items() if k not in ("__name__", "__spec__",
+                                                                                     "__loader__", "__package__")})
+            namespace["__name__"] = name
+            for override in self.overrides:
+                adapter = load_ref(override.adapter)
+                namespace[override.global_name] = adapter(self.module, override.match, load_ref(override.impl),
+                                                          override.options)
+            sys.modules[name] = synthetic
+            _REROUTED_NAMESPACES[key] = namespace
         rerouted = types.FunctionType(base.__code__, namespace, base.__name__, base.__defaults__, base.__closure__)
         rerouted.__kwdefaults__ = base.__kwdefaults__
         rerouted.__qualname__ = base.__qualname__

@@ -243,7 +243,7 @@ class KernelsPluginManager:
 
     def _check_pending(self, name: str) -> None:
         # pluggy's check_pending() covers every plugin; doing it per registration names the culprit.
-        known = {spec for spec in dir(self._pm.hook) if spec.startswith("kernels_core_")}
+        known = {spec for spec in dir(_hookspecs) if spec.startswith("kernels_core_")}
         plugin = self._pm.get_plugin(name)
         for attr in dir(plugin):
             if not attr.startswith("kernels_core_") or attr in known:

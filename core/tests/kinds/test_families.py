@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 
+import kernels_core
 import pytest
 import torch
-
-import kernels_core
 from kernels_core import Mode
 from kernels_core.testing import FAMILIES
 from kernels_core.testing import assert_close
