@@ -84,9 +84,9 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     if not all(close(actual, expected, dtype) for actual in outputs):
         err = max((rel_error(a, expected) if isinstance(a, torch.Tensor) and a.shape == expected.shape
                    else float("inf")) for a in outputs)
-        return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) "
-                                    f"in eval or training behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, "
-                                    "extra terms?)"))
+        return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) in eval or training "
+                                    f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, extra "
+                                    "terms?)"))
     return (kind, Match(kind, layout, {"layout": layout, "activation": activation},
                         evidence=f"probe matches down({activation}(gate)*up), {layout} projections"))
 
