@@ -68,7 +68,8 @@ def _lines(out, prefix):
 
 
 def _check_no_npu(out, reason):
-    assert _lines(out, "PLUGINS") == ["[('builtin', 'loaded'), ('npu', 'loaded')]"]
+    (plugins,) = _lines(out, "PLUGINS")
+    assert "('npu', 'loaded')" in plugins
     assert _lines(out, "NPU_DEVICES") == ["[0]"]
     assert not any(k.startswith("npu.") for k in eval(_lines(out, "CHOSEN")[0]))  # noqa: S307 - our own output
     assert _lines(out, "SAME") == ["True"]
