@@ -3,6 +3,8 @@
 NPU behaviour in this suite is verified against that emulation only, not on Ascend hardware. Importing the
 emulation also installs a simulated ``torch.npu`` device module (one emulated "Ascend910B2" by default), which
 is what detection reads; tests that need a host without torch_npu or without devices say so explicitly.
+As on a real Ascend host, transformers then also sees torch_npu (``is_torch_npu_available()``); the models
+still live on CPU, and the eager references run transformers' own CPU code.
 """
 
 from __future__ import annotations

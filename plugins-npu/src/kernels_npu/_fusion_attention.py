@@ -59,7 +59,8 @@ def fusion_attention(
     if mask is None and causal and query.shape[2] > 1:
         mask, sparse_mode = _causal_mask(query.device), _SPARSE_RIGHT_DOWN_CAUSAL
     elif mask is not None:
-        mask = mask.to(torch.bool)
+        # Masks expanded from a padding vector are stride-0 views; the operator reads a dense bool tensor.
+        mask = mask.to(torch.bool).contiguous()
         if mask.dim() == 4 and mask.shape[1] not in (1, heads):
             raise ValueError(f"fusion_attention: mask head dim {mask.shape[1]} must be 1 or {heads}")
     bsnd = all(t.transpose(1, 2).is_contiguous() for t in (query, key, value))

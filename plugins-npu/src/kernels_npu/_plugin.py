@@ -19,6 +19,7 @@ __all__ = ["kernels_core_detect_devices", "kernels_core_kernels", "kernels_core_
 
 @hookimpl
 def kernels_core_detect_devices() -> Iterable[BackendInfo]:
+    """The ``npu`` backend and its devices; no devices (reason logged at DEBUG) when torch_npu is unusable."""
     from ._detect import detect_npu
 
     return [detect_npu()]
@@ -26,6 +27,7 @@ def kernels_core_detect_devices() -> Iterable[BackendInfo]:
 
 @hookimpl
 def kernels_core_layer_kinds() -> Iterable[LayerKind]:
+    """The ``attention`` kind (npu_fusion_attention replaces a module's attention function, per instance)."""
     from ._specs import attention_kind
 
     return [attention_kind()]
@@ -33,6 +35,7 @@ def kernels_core_layer_kinds() -> Iterable[LayerKind]:
 
 @hookimpl
 def kernels_core_kernels() -> Iterable[KernelSpec]:
+    """The NPU kernels, as lazy declarations (see :func:`kernels_npu._specs.kernel_specs`)."""
     from ._specs import kernel_specs
 
     return kernel_specs()
