@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=257, max_position_embeddings=128)
+             num_key_value_heads=2, head_dim=16, vocab_size=257, max_position_embeddings=128,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 FAMILIES = {
     "llama": ("LlamaConfig", {}),

@@ -46,12 +46,12 @@ def _flce(
             compute_gradients=needs_grad,
             weight_requires_grad=grad_weight,
         )
-    empty = hidden_states.new_empty(_EMPTY)
+    # Custom-op outputs may not alias each other: one fresh empty tensor per unused slot.
     return (
-        loss.float().reshape(()),
-        g_hidden if (grad_hidden and g_hidden is not None) else empty,
-        g_weight if (grad_weight and g_weight is not None) else empty,
-        g_bias if (grad_weight and g_bias is not None) else empty,
+        loss.float().reshape(()).clone(),
+        g_hidden if (grad_hidden and g_hidden is not None) else hidden_states.new_empty(_EMPTY),
+        g_weight if (grad_weight and g_weight is not None) else hidden_states.new_empty(_EMPTY),
+        g_bias if (grad_weight and g_bias is not None) else hidden_states.new_empty(_EMPTY),
     )
 
 
@@ -67,12 +67,11 @@ def _flce_fake(
     grad_hidden: bool,
     grad_weight: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    empty = hidden_states.new_empty(_EMPTY)
     return (
         hidden_states.new_empty((), dtype=torch.float32),
-        torch.empty_like(hidden_states) if grad_hidden else empty,
-        torch.empty_like(weight) if grad_weight else empty,
-        torch.empty_like(bias) if (grad_weight and bias is not None) else empty,
+        torch.empty_like(hidden_states) if grad_hidden else hidden_states.new_empty(_EMPTY),
+        torch.empty_like(weight) if grad_weight else hidden_states.new_empty(_EMPTY),
+        torch.empty_like(bias) if (grad_weight and bias is not None) else hidden_states.new_empty(_EMPTY),
     )
 
 
