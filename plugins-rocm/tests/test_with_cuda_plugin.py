@@ -1,0 +1,89 @@
+"""kernels-cuda and kernels-rocm installed together: each claims only its own torch build's ``cuda`` devices.
+
+Both plugins see tensors of torch device type ``cuda``; which one drives them depends on the torch build. On a
+simulated ROCm build every matched module must resolve to ``rocm.*`` (or portable ``any.*``) kernels and never
+``cuda.*``, and the reverse on a simulated CUDA build. Skipped where kernels-cuda is not installed (the
+``tests(vendor='rocm')`` nox session holds only this plugin).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+kernels_cuda = pytest.importorskip("kernels_cuda", reason="kernels-cuda is not installed in this environment")
+
+from kernels_core import Mode  # noqa: E402 - imported after the importorskip above
+from kernels_core import detect_devices  # noqa: E402
+from kernels_core import get_report  # noqa: E402
+from kernels_core import kernelize  # noqa: E402
+from kernels_core.testing import fresh_plugin_manager  # noqa: E402
+from kernels_core.testing import tiny_causal_lm  # noqa: E402
+from kernels_cuda import _plugin as cuda_plugin  # noqa: E402
+from kernels_rocm import _plugin as rocm_plugin  # noqa: E402
+from rocm_testing import H100  # noqa: E402
+from rocm_testing import MI300X  # noqa: E402
+from rocm_testing import RX7900  # noqa: E402
+
+
+FAMILIES = ["llama", "gemma", "qwen3_moe"]
+
+
+@pytest.fixture(params=["rocm-first", "cuda-first"])
+def pm(request):
+    # Registration order must not matter: priority and detection are data.
+    pairs = [(rocm_plugin, "rocm"), (cuda_plugin, "cuda")]
+    return fresh_plugin_manager(*(pairs if request.param == "rocm-first" else pairs[::-1]))
+
+
+def _kernels(family, pm, mode):
+    model = kernelize(tiny_causal_lm(family), mode=mode, device="cuda", plugin_manager=pm)
+    entries = get_report(model).entries
+    assert entries, "the tiny model must match some layer kinds"
+    return entries
+
+
+@pytest.mark.parametrize("mode", [Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE], ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rocm_build_resolves_to_rocm_kernels_only(simulate, pm, family, mode):
+    simulate("rocm", [MI300X, RX7900])
+    backends = {b.backend: b for b in detect_devices(plugin_manager=pm)}
+    assert set(backends) == {"rocm", "cpu"}
+    assert [d.arch for d in backends["rocm"].devices] == ["gfx942", "gfx1100"]
+    entries = _kernels(family, pm, mode)
+    assert {e.backend for e in entries} == {"rocm"}
+    applied = [e.kernel for e in entries if e.applied]
+    assert all(k.startswith(("rocm.", "any.")) for k in applied), applied
+    assert any(k.startswith("rocm.") for k in applied), applied
+
+
+@pytest.mark.parametrize("mode", [Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE], ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_build_resolves_to_cuda_kernels_only(simulate, pm, family, mode):
+    simulate("cuda", [H100])
+    backends = {b.backend: b for b in detect_devices(plugin_manager=pm)}
+    assert set(backends) == {"cuda", "cpu"}
+    assert backends["cuda"].devices[0].capability == (9, 0)
+    entries = _kernels(family, pm, mode)
+    assert {e.backend for e in entries} == {"cuda"}
+    applied = [e.kernel for e in entries if e.applied]
+    assert all(k.startswith(("cuda.", "any.")) for k in applied), applied
+    assert any(k.startswith("cuda.") for k in applied), applied
+
+
+def test_same_model_gets_each_vendors_kernels_on_its_build(simulate, pm):
+    simulate("rocm", [MI300X])
+    rocm = {e.kind: e.kernel for e in _kernels("llama", pm, Mode.TRAINING)}
+    pm.invalidate()  # detection is cached per manager; the simulated build changes next
+    simulate("cuda", [H100])
+    cuda = {e.kind: e.kernel for e in _kernels("llama", pm, Mode.TRAINING)}
+    assert rocm.keys() == cuda.keys()
+    for kind in rocm:
+        assert rocm[kind].split(".", 1)[0] == "rocm" and cuda[kind].split(".", 1)[0] == "cuda", (rocm, cuda)
+    # Both wrap the same shared adapter for the loss; only the declaration differs.
+    assert rocm["causal_lm_loss"].removeprefix("rocm.") == cuda["causal_lm_loss"].removeprefix("cuda.")
+
+
+def test_cpu_build_claims_no_gpu(simulate, pm):
+    simulate("cpu", [])
+    assert [b.backend for b in detect_devices(plugin_manager=pm)] == ["cpu"]
