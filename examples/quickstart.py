@@ -33,7 +33,7 @@ CONFIG = dict(
     tie_word_embeddings=True,
     max_position_embeddings=512,
 )
-BATCH, SEQ_LEN = 2, 256
+BATCH, SEQ_LEN = 4, 256
 
 
 def quiet() -> None:

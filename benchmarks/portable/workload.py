@@ -41,7 +41,7 @@ class Shape:
 
 SHAPES = {
     # Small enough for a few steps on a 2-core laptop CPU; the vocabulary (and so the loss) is full size.
-    "demo": Shape(128, 384, 2, 4, 2, 32, batch=2, seq_len=256, dtype="float32"),
+    "demo": Shape(128, 384, 2, 4, 2, 32, batch=4, seq_len=256, dtype="float32"),
     # Qwen3-0.6B (tied embeddings), as in the CUDA issue.
     "qwen3-0.6b": Shape(1024, 3072, 28, 16, 8, 128, batch=4, seq_len=2048, dtype="bfloat16", lr=1e-5),
 }
