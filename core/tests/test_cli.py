@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from kernels_core import _cli
 from kernels_core import _manager
 from kernels_core.testing import fresh_plugin_manager

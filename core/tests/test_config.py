@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kernels_core import ConfigError
 from kernels_core import load_config
 

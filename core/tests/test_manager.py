@@ -196,3 +196,36 @@ def test_order_never_depends_on_registration_order():
         return [k.spec.id for k in pm.kernels()]
 
     assert build(["zeta", "alpha", "mid"]) == build(["mid", "alpha", "zeta"]) == ["mid.k", "alpha.k", "zeta.k"]
+
+
+def test_layer_kind_clash_skips_the_later_plugin(caplog):
+    from kernels_core import LayerKind
+    from kernels_core import _builtin
+
+    def kinds():
+        return [LayerKind(name="attention", description="x", variants=("causal",), matcher="m:f", adapter="m:g")]
+
+    def rms_kind():
+        return [LayerKind(name="rms_norm", description="x", variants=("standard",), matcher="m:f", adapter="m:g")]
+
+    pm = KernelsPluginManager(load_entrypoints=False, strict=False)
+    pm.register(_builtin, "builtin")
+    pm.register(_plugin(kernels_core_layer_kinds=kinds), "alpha")
+    pm.register(_plugin(kernels_core_layer_kinds=kinds), "beta")
+    pm.register(_plugin(kernels_core_layer_kinds=rms_kind), "aaa")
+    assert pm.layer_kinds()["attention"].plugin.name == "alpha"
+    assert pm.layer_kinds()["rms_norm"].plugin.name == "builtin", "the core's own kinds always win"
+    assert pm.info("beta").status == "skipped" and "already declared by plugin 'alpha'" in pm.info("beta").reason
+    assert pm.info("aaa").status == "skipped"
+
+
+def test_backend_reason_reaches_explicit_device_errors():
+    import kernels_core
+    from kernels_core import KernelizeError
+    from kernels_core.testing import fresh_plugin_manager
+
+    torch = pytest.importorskip("torch")
+    absent = [BackendInfo(backend="npu", device_type="npu", reason="torch_npu failed: libhccl.so missing")]
+    pm = fresh_plugin_manager((_plugin(kernels_core_detect_devices=lambda: absent), "npu"))
+    with pytest.raises(KernelizeError, match="npu: torch_npu failed: libhccl.so missing"):
+        kernels_core.kernelize(torch.nn.Sequential(torch.nn.LayerNorm(4)), device="npu", plugin_manager=pm)

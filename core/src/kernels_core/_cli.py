@@ -40,8 +40,8 @@ def _devices(args: argparse.Namespace) -> int:
     rows = []
     for backend, plugin in backends:
         if not backend.devices:
-            rows.append((backend.backend, backend.device_type, "-", "(none detected)", "-", str(backend.priority),
-                         plugin.name))
+            rows.append((backend.backend, backend.device_type, "-", f"(none: {backend.reason or 'not detected'})",
+                         "-", str(backend.priority), plugin.name))
         for device in backend.devices:
             arch = device.arch or (f"sm_{device.capability[0]}{device.capability[1]}" if device.capability else "-")
             rows.append((backend.backend, f"{backend.device_type}:{device.index}", str(device.index), device.name,

@@ -94,6 +94,7 @@ def _find_backend(device: torch.device, backends: list[tuple[BackendInfo, Any]]
 def _explicit_target(device: str | torch.device, backends: list[tuple[BackendInfo, Any]]
                      ) -> tuple[str, BackendInfo, DeviceInfo | None]:
     detected = sorted({f"{b.backend} ({b.device_type}, {b.count} device(s))" for b, _ in backends if b.devices})
+    absent = sorted({f"{b.backend}: {b.reason}" for b, _ in backends if not b.devices and b.reason})
     if isinstance(device, str) and ":" not in device:
         for backend, _plugin in backends:
             if backend.backend == device and backend.devices:
@@ -106,8 +107,9 @@ def _explicit_target(device: str | torch.device, backends: list[tuple[BackendInf
         backend, info = _find_backend(torch_device, backends)
         if backend is not None:
             return str(torch_device), backend, info
+    why = f"; not available: {'; '.join(absent)}" if absent else ""
     raise KernelizeError(f"device {device!r} was requested, but no installed plugin detected it. "
-                         f"Detected: {detected or 'nothing'}")
+                         f"Detected: {detected or 'nothing'}{why}")
 
 
 def _module_target(module: nn.Module, explicit: tuple[str, BackendInfo, DeviceInfo | None] | None,

@@ -325,6 +325,23 @@ class KernelsPluginManager:
                     raise PluginError(name, message)
                 logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
                 del contributions[name]
+        # A layer kind has one owner: the core's own kinds always win; between two plugins the one sorting
+        # first keeps it and the other plugin is skipped whole, since its kernels follow another calling
+        # convention than the kept kind's adapter would use.
+        owners: dict[str, str] = {}
+        for name in sorted(contributions, key=lambda n: (n != "builtin", n)):
+            for kind in contributions[name].kinds:
+                owner = owners.setdefault(kind.name, name)
+                if owner != name:
+                    reason = (f"declares layer kind {kind.name!r}, already declared by plugin {owner!r}; "
+                              "rename the kind")
+                    self._infos[name] = _replace(self._infos[name], status="skipped", reason=reason)
+                    message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
+                    self._note_conflict(message)
+                    if self.strict:
+                        raise PluginError(name, message)
+                    del contributions[name]
+                    break
         seen_ids: dict[str, str] = {}
         seen_kinds: dict[str, str] = {}
         seen_priority: dict[tuple[str, str, int], str] = {}

@@ -160,6 +160,8 @@ class BackendInfo:
         devices: the devices found; empty when the hardware is absent.
         priority: which backend wins when two claim the same torch device; higher wins.
         runtime: runtime or driver version string, informational.
+        reason: why no device was found (runtime missing, import failed...), shown by ``kernels-core devices``
+            and in errors for an explicit ``device=`` that cannot be honoured.
     """
 
     backend: str
@@ -167,6 +169,7 @@ class BackendInfo:
     devices: tuple[DeviceInfo, ...] = ()
     priority: int = 0
     runtime: str | None = None
+    reason: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.backend, "backend")
@@ -201,8 +204,10 @@ class LayerKind:
         description: one line for listings.
         variants: the variant names the matcher can report; kernels declare the subset they handle.
         matcher: lazy ``module:attr`` of ``match(module, qualified_name, ctx) -> Match | Decline | None``.
-        adapter: lazy ``module:attr`` of ``adapt(match, impl, options) -> forward`` building the instance forward
-            from a kernel implementation that follows this kind's calling convention.
+        adapter: lazy ``module:attr`` of ``adapt(module, match, impl, options) -> callable`` building the instance
+            forward (or, for ``target="global"``, the replacement global function) from a kernel implementation
+            that follows this kind's calling convention. Global-target replacements are shared by layers with
+            identical matches, so they must depend on the module's class only, not on the instance.
         hint_names: transformers ``kernel_layer_name`` markers that point at this kind.
         target: ``"forward"`` when the adapter returns the module's new forward; ``"global"`` when it returns a
             replacement for one global function the module's forward calls (``match.params["global_name"]``),

@@ -17,6 +17,7 @@ from torch import nn
 
 __all__ = [
     "MatchContext",
+    "math_key",
     "close",
     "module_device",
     "param_dtype",
@@ -80,6 +81,33 @@ def positional_arity(fn: Callable[..., Any]) -> tuple[int, bool]:
     return len(positional), any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _scalars(module: nn.Module) -> tuple[tuple[str, object], ...]:
+    return tuple(sorted(
+        (name, value) for name, value in vars(module).items()
+        if isinstance(value, _SCALARS) and not name.startswith("_") and name != "training"
+    ))
+
+
+def math_key(module: nn.Module) -> tuple[object, ...]:
+    """Identity of a module's math up to weight values (see :meth:`MatchContext.verdict`)."""
+    parts: list[object] = []
+    for name, child in module.named_modules():
+        override = child.__dict__.get("forward")
+        record = child.__dict__.get(BINDING_ATTR)
+        if record is not None:  # our own binding: the math is that of what it replaced
+            previous = record.previous.get("forward", record.MISSING)
+            override = None if previous is record.MISSING else previous
+        parts.append((name, type(child), _scalars(child), None if override is None else id(override)))
+    for name, param in module.named_parameters():
+        parts.append((name, tuple(param.shape), param.dtype, param.device))
+    for name, buffer in module.named_buffers():
+        parts.append((name, tuple(buffer.shape), buffer.dtype, buffer.device))
+    return tuple(parts)
+
+
 class MatchContext:
     """Per-kernelize-call state shared by matchers.
 
@@ -93,8 +121,7 @@ class MatchContext:
         self.config = getattr(root, "config", None)
         self._seed = seed
         self._rotary_dims: set[int] | None = None
-        # Matchers of several kinds may classify the same module (e.g. both gated-MLP kinds); probe once.
-        self.memo: dict[tuple[str, int], Any] = {}
+        self.memo: dict[tuple[object, ...], Any] = {}
 
     def original_forward(self, module: nn.Module) -> Callable[..., Any]:
         """The forward the module had before kernels-core bound anything to it."""
@@ -118,12 +145,24 @@ class MatchContext:
                 for training in (False, True):
                     for m, _ in flags:
                         m.training = training
-                    torch.manual_seed(self._seed)
                     outputs.append(fn(*args))
         finally:
             for m, was_training in flags:
                 m.training = was_training
         return outputs
+
+    def verdict(self, kind: str, module: nn.Module, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per distinct piece of math: layers sharing a math key share the probe's verdict.
+
+        The key holds everything the math can depend on besides the weight values: the classes, the scalar
+        hyperparameters of the module and its children (epsilon, head_dim, activation settings...), parameter
+        shapes, dtypes and devices, and any instance-level forward override. A 28-layer model is probed once
+        per kind instead of 28 times.
+        """
+        key = (kind, math_key(module))
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def generator(self, device: torch.device) -> torch.Generator:
         gen = torch.Generator(device=device) if device.type in ("cpu", "cuda") else torch.Generator()

@@ -37,6 +37,11 @@ def match_experts(module: nn.Module, name: str, ctx: MatchContext) -> Match | De
         return None
     if gate_up.dim() != 3 or down.dim() != 3:
         return None
+    return ctx.verdict("moe_experts", module, lambda: _classify_experts(module, gate_up, down, ctx))
+
+
+def _classify_experts(module: nn.Module, gate_up: torch.Tensor, down: torch.Tensor, ctx: MatchContext
+                      ) -> Match | Decline:
     params = list(inspect.signature(type(module).forward).parameters)[1:4]
     if tuple(params) != _FORWARD_ARGS and not (params and params[0] == "args"):
         return Decline("moe_experts", f"forward arguments {params} are not (hidden_states, top_k_index, "
@@ -70,6 +75,8 @@ def match_experts(module: nn.Module, name: str, ctx: MatchContext) -> Match | De
         return Decline("moe_experts", f"probe forward raised {type(exc).__name__}: {exc}")
     with torch.no_grad():
         expected = _reference.moe_experts(x, index, weights, gate_up, down, activation=activation)
+    if not bool(expected.abs().max() > 0):
+        return Decline("moe_experts", "probe is inconclusive: the output is all zeros with these weights")
     if not all(close(actual, expected, dtype) for actual in outputs):
         err = max((rel_error(a, expected) if isinstance(a, torch.Tensor) and a.shape == expected.shape
                    else float("inf")) for a in outputs)

@@ -81,6 +81,8 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
             expected = module.down_proj(_reference.gated_activation(gate, up, activation=activation))
     except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
         return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
+    if not bool(expected.abs().max() > 0):
+        return (kind, Decline(kind, "probe is inconclusive: the output is all zeros with these weights"))
     if not all(close(actual, expected, dtype) for actual in outputs):
         err = max((rel_error(a, expected) if isinstance(a, torch.Tensor) and a.shape == expected.shape
                    else float("inf")) for a in outputs)
@@ -92,10 +94,8 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
 
 
 def _classify_once(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Decline] | None:
-    key = ("gated_mlp", id(module))
-    if key not in ctx.memo:
-        ctx.memo[key] = _classify(module, ctx)
-    return ctx.memo[key]
+    # Both gated-MLP kinds classify the same modules: one probe serves both.
+    return ctx.verdict("gated_mlp", module, lambda: _classify(module, ctx))
 
 
 def match_silu_gated_mlp(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:

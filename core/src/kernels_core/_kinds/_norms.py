@@ -52,6 +52,10 @@ def match_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | D
     """RMSNorm in the standard (``w * x̂``) or offset (``(1 + w) * x̂``) form, with its casting order."""
     if not _looks_like_rms_norm(module):
         return None
+    return ctx.verdict("rms_norm", module, lambda: _classify_rms_norm(module, ctx))
+
+
+def _classify_rms_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     weight = module._parameters.get("weight")
     if not isinstance(weight, torch.Tensor):
         return Decline("rms_norm", "has no weight parameter (scale-free norm); no kernel handles that form")
@@ -109,6 +113,10 @@ def match_layer_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match |
     if not (isinstance(module, nn.LayerNorm) or "layernorm" in type(module).__name__.lower()
             or _hint(module) == "LayerNorm"):
         return None
+    return ctx.verdict("layer_norm", module, lambda: _classify_layer_norm(module, ctx))
+
+
+def _classify_layer_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     weight = module._parameters.get("weight")
     bias = module._parameters.get("bias")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1:

@@ -66,6 +66,10 @@ def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Dec
     code = getattr(type(module).forward, "__code__", None)
     if code is None or GLOBAL_NAME not in code.co_names:
         return None
+    return ctx.verdict("rotary_embedding", module, lambda: _classify_rotary(module, ctx))
+
+
+def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     blocker = reroute_blocker(module, GLOBAL_NAME)
     if blocker:
         return Decline("rotary_embedding", blocker)

@@ -1,0 +1,44 @@
+"""Entry point ``example``: declarations only; importing this module imports neither torch nor the kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kernels_core import KernelSpec
+from kernels_core import LayerKind
+from kernels_core import Supports
+from kernels_core import hookimpl
+
+
+__all__ = ["kernels_core_kernels", "kernels_core_layer_kinds"]
+
+_PKG = "kernels_example_plugin"
+
+
+@hookimpl
+def kernels_core_layer_kinds() -> Iterable[LayerKind]:
+    return [
+        LayerKind(
+            name="plain_mlp",
+            description="fc2(gelu(fc1(x))) MLP without a gate (Starcoder2, Phi, GPT-NeoX)",
+            variants=("gelu_tanh", "gelu"),
+            matcher=f"{_PKG}._kind:match_plain_mlp",
+            adapter=f"{_PKG}._kind:adapt_plain_mlp",
+        )
+    ]
+
+
+@hookimpl
+def kernels_core_kernels() -> Iterable[KernelSpec]:
+    return [
+        KernelSpec(
+            id="example.plain_mlp.recompute",
+            kind="plain_mlp",
+            variants=("gelu_tanh", "gelu"),
+            backend="any",
+            impl=f"{_PKG}._ops:gelu_recompute",
+            priority=5,
+            supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
+            description="GELU recomputed in backward: saves one activation-sized tensor per layer",
+        )
+    ]
