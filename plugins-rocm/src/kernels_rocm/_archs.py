@@ -1,9 +1,9 @@
 """AMD GPU architectures (gfx names) and how far Liger's Triton kernels are known to work on each.
 
 ROCm devices are told apart by their gfx name (``gcnArchName`` without feature flags), not by a CUDA-style
-``(major, minor)`` capability: HIP's emulated capability maps several ISAs onto one number (gfx1150 and gfx1151
-both read 11.5), so kernel constraints on this backend are ``KernelSpec.archs`` tuples built from the families
-below.
+``(major, minor)`` capability: HIP's emulated capability maps several ISAs onto one number (gfx906, gfx908 and
+gfx90a all report 9.0), so kernel constraints on this backend are ``KernelSpec.archs`` tuples built from the
+families below.
 
 What is known and what is assumed (nothing here was run on AMD hardware by this project):
 
