@@ -102,6 +102,9 @@ def test_config_disables_kernels_and_plugins(two_pm):
                                    config={"kernels": {"disable": ["high.rms_norm"]}})
     assert _kernels(model) == {"low.rms_norm"}
     model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, plugin_manager=two_pm,
+                                   config={"kinds": {"rms_norm": {"disable": ["high"]}}})
+    assert _kernels(model) == {"low.rms_norm"}
+    model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, plugin_manager=two_pm,
                                    config={"plugins": {"block": ["high", "low"]}})
     assert _kernels(model) == {"any.rms_norm.recompute"}
     model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, plugin_manager=two_pm,

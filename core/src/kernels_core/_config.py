@@ -43,7 +43,7 @@ class KindConfig:
 
     Args:
         prefer: kernel ids to use, per backend, in order of preference. An id that cannot be used raises.
-        disable: kernel ids never to use for this kind.
+        disable: kernel ids or plugin names never to use for this kind.
         strict: raise when a module of this kind ends up without a kernel.
         enabled: ``False`` leaves every module of this kind alone.
         options: kind-specific options passed to the adapter (e.g. ``materialize_logits`` for the loss).

@@ -83,8 +83,9 @@ class Resolver:
         spec, plugin = provided.spec, provided.plugin.name
         if spec.id in self.config.disabled_kernels:
             return f"disabled by config (kernels.disable lists {spec.id})"
-        if spec.id in self.config.kind(kind).disable:
-            return f"disabled by config (kinds.{kind}.disable lists {spec.id})"
+        kind_disable = self.config.kind(kind).disable
+        if spec.id in kind_disable or plugin in kind_disable:
+            return f"disabled by config (kinds.{kind}.disable lists {spec.id if spec.id in kind_disable else plugin})"
         if plugin in self.config.block_plugins:
             return f"disabled by config (plugins.block lists {plugin})"
         if self.config.allow_plugins is not None and plugin not in self.config.allow_plugins:
