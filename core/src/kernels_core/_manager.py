@@ -407,7 +407,10 @@ class KernelsPluginManager:
     def bind_hook_of(self, plugin_name: str) -> object | None:
         """The owning plugin's ``kernels_core_bind_kernel`` implementation, if it has one."""
         plugin = self._pm.get_plugin(plugin_name)
-        if plugin is None or self._pm.parse_hookimpl_opts(plugin, "kernels_core_bind_kernel") is None:
+        # Some pluggy versions' parse_hookimpl_opts raise AttributeError for a missing attribute.
+        if plugin is None or not hasattr(plugin, "kernels_core_bind_kernel"):
+            return None
+        if self._pm.parse_hookimpl_opts(plugin, "kernels_core_bind_kernel") is None:
             return None
         return plugin.kernels_core_bind_kernel
 
