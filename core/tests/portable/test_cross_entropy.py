@@ -244,3 +244,19 @@ def test_second_backward_is_refused_not_double_scaled():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_under_autocast_matches_eager_autocast():
+    """Mixed precision (float32 weights, bfloat16 autocast): logits and gradient GEMMs run in bfloat16 in both."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 9, 16, generator=generator, requires_grad=True)
+    weight = (torch.randn(50, 16, generator=generator) * 0.3).requires_grad_()
+    labels = torch.randint(0, 50, (2, 9), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = ForCausalLMLoss(F.linear(hidden, weight), labels, 50)
+        actual = fused_linear_cross_entropy(hidden.reshape(-1, 16), weight, shift(labels), chunk_size=4)
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    actual_grads = torch.autograd.grad(actual, (hidden, weight))
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    for a, e in zip(actual_grads, expected_grads, strict=True):
+        assert_close(a, e, torch.bfloat16, "autocast")  # float32 grads, but bfloat16 GEMMs on both sides
