@@ -147,7 +147,7 @@ def test_modes_filter_kernels_by_declared_support():
     kernels_core.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, plugin_manager=pm)
     assert _kernels(model) == {"any.rms_norm.recompute"}
     notes = {e.note for e in kernels_core.get_report(model).applied if e.kind == "rms_norm"}
-    assert notes == {None}
+    assert len(notes) == 1 and "infer.rms_norm: mode unsupported" in notes.pop()
     model.eval()
     kernels_core.kernelize(model, plugin_manager=pm)
     assert kernels_core.get_report(model).mode == "INFERENCE"
@@ -357,3 +357,18 @@ def test_signature_of_bound_forward_is_the_original(ref_pm):
     before = list(inspect.signature(model.forward).parameters)
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
     assert list(inspect.signature(model.forward).parameters) == before
+
+
+def test_automatic_fallback_says_why_better_kernels_were_passed_over():
+    needs_hopper = KernelSpec(id="sim.rms_norm.hopper", kind="rms_norm", variants=("standard",), backend="sim",
+                              impl=f"{__name__}:high_rms_norm", priority=200,
+                              capability=kernels_core.CapabilityRange(min=(9, 0)))
+    broken = _rms("sim.rms_norm.broken", "does_not_exist", 150, backend="sim")
+    fallback = _rms("sim.rms_norm.plain", "low_rms_norm", 100, backend="sim")
+    backend = [BackendInfo("sim", "sim", (DeviceInfo(0, "simulated", capability=(8, 0)),), priority=100)]
+    pm = fresh_plugin_manager((_plugin("sim", [needs_hopper, broken, fallback], backend), "sim"))
+    model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, device="sim", plugin_manager=pm)
+    entry = next(e for e in kernels_core.get_report(model).entries if e.module == "model.norm")
+    assert entry.kernel == "sim.rms_norm.plain"
+    assert "sim.rms_norm.hopper: capability out of range: device is 8.0" in entry.note
+    assert "sim.rms_norm.broken: failed to load" in entry.note

@@ -143,15 +143,12 @@ class Resolver:
         if preferred:
             return self._choose_preferred(match, target, preferred, candidates)
         problems: list[str] = []
-        fallbacks: list[str] = []
         for provided in candidates:
-            problem = self.problem(provided, match, target)
+            problem = self.problem(provided, match, target) or self.load_problem(provided)
             if problem is None:
-                problem = self.load_problem(provided)
-                if problem is not None:
-                    fallbacks.append(f"{provided.spec.id} {problem}")
-            if problem is None:
-                note = f"fell back: {'; '.join(fallbacks)}" if fallbacks else None
+                # Say why any better-ranked kernel meant for this device was passed over.
+                passed_over = [p for p in problems if "runs on backend" not in p and "disabled by config" not in p]
+                note = f"fell back: {'; '.join(passed_over)}" if passed_over else None
                 return Choice(provided, note=note)
             problems.append(f"{provided.spec.id}: {problem}")
         return Choice(None, reason=self._summarise(match, target, candidates, problems))
