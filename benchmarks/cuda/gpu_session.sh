@@ -18,10 +18,14 @@ if [[ " $STAGES " == *" probe "* ]]; then
     python3 -c "import importlib.metadata as m; print('entry points:', [e.name for e in m.entry_points(group='kernels_core.plugins')])";
   } 2>&1 | tee -a "$OUT/log.txt"
 fi
+if [[ " $STAGES " == *" report "* ]]; then
+  log report
+  timeout 90 python3 benchmarks/cuda/kernelize_report.py 2>&1 | tee -a "$OUT/log.txt" | tail -60
+fi
 if [[ " $STAGES " == *" tests "* ]]; then
   log tests
-  for pkg in triton-adapters plugins-cuda; do
-    (cd $pkg && timeout 420 python3 -m pytest -q -rs --tb=short tests -p no:cacheprovider) 2>&1 \
+  for pkg in ${TEST_PKGS:-plugins-cuda triton-adapters}; do
+    (cd $pkg && timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs --tb=short tests -p no:cacheprovider) 2>&1 \
       | tee -a "$OUT/pytest.txt" | tail -25
   done
 fi
@@ -31,8 +35,8 @@ if [[ " $STAGES " == *" rmsnorm "* ]]; then
 fi
 if [[ " $STAGES " == *" qwen3 "* ]]; then
   log qwen3
-  timeout 400 python3 benchmarks/cuda/qwen3_bench.py --out "$OUT/cuda-qwen3.json" \
-    --variants "${QWEN3_VARIANTS:-eager,liger,standin,kernelize}" 2>&1 | tee -a "$OUT/log.txt"
+  timeout ${QWEN3_TIMEOUT:-400} python3 benchmarks/cuda/qwen3_bench.py --out "$OUT/cuda-qwen3.json" \
+    --variants "${QWEN3_VARIANTS:-eager,liger,torch_compile,kernelize,kernelize_compile}" 2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" portable "* ]] && [[ -f benchmarks/portable_memory.py ]]; then
   log portable
