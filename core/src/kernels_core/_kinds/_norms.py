@@ -13,7 +13,6 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
-from ._context import module_device
 from ._context import positional_arity
 from ._context import rel_error
 
@@ -55,20 +54,30 @@ def match_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | D
     return ctx.verdict("rms_norm", module, lambda: _classify_rms_norm(module, ctx))
 
 
-def _classify_rms_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
+def _checked_norm(module: nn.Module, kind: str, allowed: frozenset[str]) -> tuple[torch.Tensor, float] | Decline:
+    """(weight, eps) of a norm module whose structure a kernel can serve, or why not."""
     weight = module._parameters.get("weight")
     if not isinstance(weight, torch.Tensor):
-        return Decline("rms_norm", "has no weight parameter (scale-free norm); no kernel handles that form")
-    if weight.dim() != 1 or len(module._parameters) != 1:
-        return Decline("rms_norm", f"expected a single 1-D weight, found parameters {sorted(module._parameters)}")
+        return Decline(kind, "has no weight parameter (scale-free norm); no kernel handles that form")
+    if weight.dim() != 1 or not set(module._parameters) <= allowed:
+        return Decline(kind, f"expected a 1-D weight (and {sorted(allowed - {'weight'}) or 'nothing'} else), found "
+                             f"parameters {sorted(module._parameters)}")
     arity, star = positional_arity(type(module).forward)
     if arity != 1 or star:
-        return Decline("rms_norm", "forward takes more than the hidden states (e.g. a gate); not a plain RMSNorm")
+        return Decline(kind, "forward takes more than the hidden states (e.g. a gate); left alone")
     eps = _eps(module)
     if eps is None:
-        return Decline("rms_norm", "no numeric epsilon attribute (variance_epsilon / eps)")
+        return Decline(kind, "no numeric epsilon attribute (variance_epsilon / eps)")
     if weight.device.type == "meta":
-        return Decline("rms_norm", "parameters are on the meta device; the math cannot be verified")
+        return Decline(kind, "parameters are on the meta device; the math cannot be verified")
+    return weight, eps
+
+
+def _classify_rms_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
+    checked = _checked_norm(module, "rms_norm", frozenset({"weight"}))
+    if isinstance(checked, Decline):
+        return checked
+    weight, eps = checked
     forward = ctx.original_forward(module)
     dtype, device = weight.dtype, weight.device
     gen = ctx.generator(device)
@@ -117,20 +126,11 @@ def match_layer_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match |
 
 
 def _classify_layer_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
-    weight = module._parameters.get("weight")
+    checked = _checked_norm(module, "layer_norm", frozenset({"weight", "bias"}))
+    if isinstance(checked, Decline):
+        return checked
+    weight, eps = checked
     bias = module._parameters.get("bias")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
-        return Decline("layer_norm", "no 1-D affine weight; no kernel handles that form")
-    if set(module._parameters) - {"weight", "bias"}:
-        return Decline("layer_norm", f"unexpected parameters {sorted(module._parameters)}")
-    arity, star = positional_arity(type(module).forward)
-    if arity != 1 or star:
-        return Decline("layer_norm", "forward takes more than the hidden states")
-    eps = _eps(module)
-    if eps is None:
-        return Decline("layer_norm", "no numeric epsilon attribute")
-    if module_device(module) is None or weight.device.type == "meta":
-        return Decline("layer_norm", "parameters are on the meta device; the math cannot be verified")
     gen = ctx.generator(weight.device)
     x = ctx.randn(2, 3, weight.numel(), device=weight.device, dtype=weight.dtype, gen=gen) * 2 + 0.3
     try:
