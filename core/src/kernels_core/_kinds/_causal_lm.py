@@ -44,12 +44,26 @@ _TEMPLATE_ARGS = {
 }
 
 
+# Older transformers (up to about 5.20) spell the slice inline, `slice(-logits_to_keep, None) if
+# isinstance(logits_to_keep, int) else logits_to_keep`, and take `cache_position` before `logits_to_keep`. The
+# fused path only runs with logits_to_keep == 0 and forwards cache_position to the decoder as a keyword, so both
+# spellings compute the same thing there.
+_INLINE_SLICE = frozenset({"slice", "isinstance", "int"})
+
+
+def _accepted(name: str) -> list[tuple[frozenset[str], tuple[str, ...]]]:
+    names, args = _TEMPLATES[name], _TEMPLATE_ARGS[name]
+    inline = (names - {"slice_logits_to_keep"}) | _INLINE_SLICE
+    with_cache_position = (*args[:-1], "cache_position", args[-1])
+    return [(n, a) for n in (names, inline) for a in (args, with_cache_position)]
+
+
 def _template(module: nn.Module) -> str | None:
     code = plain_class_forward(module).__code__
     names = frozenset(code.co_names)
     args = code.co_varnames[: code.co_argcount]
-    for name, expected in _TEMPLATES.items():
-        if names == expected and args == _TEMPLATE_ARGS[name]:
+    for name in _TEMPLATES:
+        if (names, args) in _accepted(name):
             return name
     return None
 
@@ -65,7 +79,8 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
 
     template = _template(module)
     if template is None:
-        names = sorted(set(plain_class_forward(module).__code__.co_names) - _TEMPLATES["moe"] - _TEMPLATES["softcap"])
+        known = _TEMPLATES["moe"] | _TEMPLATES["softcap"] | _INLINE_SLICE
+        names = sorted(set(plain_class_forward(module).__code__.co_names) - known)
         extra = f" (it also uses {names})" if names else ""
         return Decline("causal_lm_loss", f"forward is not a standard causal-LM template{extra}; logits may be "
                                          "post-processed, so the loss cannot be fused safely")
