@@ -103,7 +103,6 @@ def train(variant: str, steps: int, warmup: int) -> dict:
         "losses": losses,
         "binding": how,
     }
-    del model, runner, opt
     torch.cuda.empty_cache()
     return result
 
@@ -196,6 +195,7 @@ def main() -> None:
             axes,
             ("train_tokens_per_s", "train_peak_GiB", "prefill_ms"),
             ("train tokens/s (higher better)", "train peak GiB", "prefill ms (lower better)"),
+            strict=True,
         ):
             ax.bar(names, [r.get(key, 0) or 0 for r in rows])
             ax.set_title(title)

@@ -45,7 +45,7 @@ def main() -> None:
     big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(big)
     copy_bw = 2 * big.numel() / (bench(lambda: dst.copy_(big)) * 1e-6) / 1e9
-    del big, dst
+    big = dst = None  # free before the sweep
     kernels = {
         "liger": lambda x, w: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "f_rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
@@ -56,16 +56,16 @@ def main() -> None:
         x = torch.randn(n, h, device="cuda", dtype=dtype)
         w = torch.randn(h, device="cuda", dtype=dtype)
         dst = torch.empty_like(x)
-        row = {"shape": [n, h], "elements": n * h, "copy_us": bench(lambda: dst.copy_(x))}
+        row = {"shape": [n, h], "elements": n * h, "copy_us": bench(lambda dst=dst, x=x: dst.copy_(x))}
         nbytes = 2 * x.numel() * x.element_size()
         for name, fn in kernels.items():
-            row[f"{name}_fwd_us"] = bench(lambda fn=fn: fn(x, w))
+            row[f"{name}_fwd_us"] = bench(lambda fn=fn, x=x, w=w: fn(x, w))
             row[f"{name}_fwd_frac_copy_bw"] = nbytes / (row[f"{name}_fwd_us"] * 1e-6) / 1e9 / copy_bw
             xg = x.detach().requires_grad_(True)
             wg = w.detach().requires_grad_(True)
             dy = torch.randn_like(x)
 
-            def fwd_bwd(fn=fn):
+            def fwd_bwd(fn=fn, xg=xg, wg=wg, dy=dy):
                 y = fn(xg, wg)
                 torch.autograd.grad(y, (xg, wg), dy)
 
@@ -78,7 +78,6 @@ def main() -> None:
             f"F {row['f_rms_norm_fwdbwd_us']:8.1f} tuned {row['tuned_fwdbwd_us']:8.1f}",
             flush=True,
         )
-        del x, w, dst
     payload = {
         "environment": environment(),
         "dtype": "bfloat16",
@@ -96,7 +95,7 @@ def main() -> None:
 
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         labels = [f"{r['shape'][0]}x{r['shape'][1]}" for r in rows]
-        for ax, phase in zip(axes, ("fwd", "fwdbwd")):
+        for ax, phase in zip(axes, ("fwd", "fwdbwd"), strict=True):
             for name in kernels:
                 ax.plot(labels, [r[f"{name}_{phase}_us"] for r in rows], marker="o", label=name)
             if phase == "fwd":

@@ -31,7 +31,7 @@ def _run(fn, inputs, params, grad_out):
     leaves = [t.detach().clone().requires_grad_(True) for t in (*inputs, *params)]
     out = fn(*leaves)
     outs = out if isinstance(out, tuple) else (out,)
-    torch.autograd.backward(outs, [g.to(o.dtype) for o, g in zip(outs, grad_out)])
+    torch.autograd.backward(outs, [g.to(o.dtype) for o, g in zip(outs, grad_out, strict=True)])
     return outs, [leaf.grad for leaf in leaves]
 
 
@@ -44,9 +44,9 @@ def _compare(fn_ours, fn_eager, inputs, params, dtype, what):
     ours, g_ours = _run(fn_ours, *cast, grad_out)
     eager, g_eager = _run(fn_eager, *cast, grad_out)
     truth, g_truth = _run(fn_eager, [t.double() for t in inputs], [t.double() for t in params], grad_out)
-    for i, (o, e, t) in enumerate(zip(ours, eager, truth)):
+    for i, (o, e, t) in enumerate(zip(ours, eager, truth, strict=True)):
         assert_as_good_as_eager(o, e, t, dtype, f"{what} output {i}")
-    for i, (o, e, t) in enumerate(zip(g_ours, g_eager, g_truth)):
+    for i, (o, e, t) in enumerate(zip(g_ours, g_eager, g_truth, strict=True)):
         assert o is not None, f"{what}: no gradient for argument {i}"
         assert_as_good_as_eager(o, e, t, dtype, f"{what} grad {i}")
 

@@ -52,6 +52,7 @@ def test_native_ids():
 
 
 def test_package_import_is_cheap():
-    code = "import sys, kernels_triton; print(sorted(m for m in ('torch', 'triton', 'liger_kernel') if m in sys.modules))"
+    code = ("import sys, kernels_triton; "
+            "print(sorted(m for m in ('torch', 'triton', 'liger_kernel') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
