@@ -65,16 +65,12 @@ def _applied(model):
 
 
 def _loss_kernel(model):
-    """The loss kernel applied, or None when the core's matcher declined the model's forward (reason asserted)."""
+    """The causal-LM loss kernel applied; every family tested here has a standard causal-LM forward."""
     import kernels_core
 
     entries = [e for e in kernels_core.get_report(model).entries if e.kind == "causal_lm_loss"]
-    if entries and entries[0].applied:
-        return entries[0].kernel
-    # transformers 5.17's causal-LM forward is not one of the templates the core recognises (core limitation);
-    # the decline must then come from the matcher, never from a rejected CUDA kernel.
-    assert all("cuda." not in (e.reason or "") for e in entries), [e.reason for e in entries]
-    return None
+    assert len(entries) == 1 and entries[0].applied, [(e.kernel, e.reason) for e in entries]
+    return entries[0].kernel
 
 
 def _batch(seed=0):
@@ -91,8 +87,7 @@ def test_logits_grads_and_training_track_eager(family):
     ours = kernels_core.kernelize(copy.deepcopy(eager), mode=kernels_core.Mode.TRAINING)
     applied = _applied(ours)
     assert applied.get("rms_norm", "").startswith("cuda."), applied
-    loss_kernel = _loss_kernel(ours)
-    assert loss_kernel is None or loss_kernel.startswith("cuda."), loss_kernel
+    assert _loss_kernel(ours).startswith("cuda."), _applied(ours)
 
     ids = _batch()
     loss_e = eager(input_ids=ids, labels=ids).loss
@@ -145,7 +140,7 @@ def test_torch_compile_fullgraph_on_kernelized_model(family, training):
     compiled = torch.compile(ours, fullgraph=True)
     ids = _batch()
     if training:
-        assert _loss_kernel(ours) in (None, "cuda.causal_lm_loss.liger")
+        assert _loss_kernel(ours) == "cuda.causal_lm_loss.liger"
         loss_e = eager(input_ids=ids, labels=ids).loss
         loss_o = compiled(input_ids=ids, labels=ids).loss
         assert abs(loss_o.item() - loss_e.item()) <= 1e-3 * abs(loss_e.item())

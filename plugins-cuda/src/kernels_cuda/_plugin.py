@@ -9,18 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kernels_core import BackendInfo
-from kernels_core import Binding
 from kernels_core import KernelSpec
-from kernels_core import LayerKind
-from kernels_core import Match
 from kernels_core import hookimpl
 
 from ._declarations import cuda_kernel_specs
 from ._detect import detect_cuda
 
 
-__all__ = ["kernels_core_bind_kernel", "kernels_core_detect_devices", "kernels_core_kernels",
-           "kernels_core_layer_kinds"]
+__all__ = ["kernels_core_detect_devices", "kernels_core_kernels"]
 
 
 @hookimpl
@@ -33,19 +29,3 @@ def kernels_core_detect_devices() -> Iterable[BackendInfo]:
 def kernels_core_kernels() -> Iterable[KernelSpec]:
     """Liger, tuned and PyTorch-native kernels for the ``cuda`` backend."""
     return cuda_kernel_specs()
-
-
-@hookimpl
-def kernels_core_layer_kinds() -> Iterable[LayerKind]:
-    """No layer kinds of our own: the core's kinds cover every kernel here."""
-    return ()
-
-
-@hookimpl
-def kernels_core_bind_kernel(module: object, match: Match, kernel: KernelSpec, forward: object) -> Binding | None:
-    """Defer to the core's default binding (the instance ``forward``) for every kernel.
-
-    Implemented explicitly because the core's loader (as of ``8bdfd19``) looks this hook up on the owning plugin
-    with ``getattr`` and fails on plugins that leave it out.
-    """
-    return None
