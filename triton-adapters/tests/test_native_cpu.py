@@ -70,3 +70,23 @@ def test_dense_moe_matches_transformers_experts():
     w = torch.rand(11, 2)
     out = _native.moe_experts_dense(x, idx, w, experts.gate_up_proj, experts.down_proj)
     torch.testing.assert_close(out, experts(x, idx, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_items", [None, 7], ids=["mean", "num_items_in_batch"])
+def test_loss_adapter_falls_back_to_the_portable_loss_on_cpu(num_items):
+    from kernels_core.testing import reference
+    from kernels_triton._loss import fused_linear_cross_entropy
+
+    torch.manual_seed(0)
+    hidden = torch.randn(9, 16, requires_grad=True)
+    weight = torch.randn(23, 16, requires_grad=True)
+    labels = torch.randint(0, 23, (9,))
+    labels[2] = -100
+    loss = fused_linear_cross_entropy(hidden, weight, labels, bias=None, ignore_index=-100,
+                                      num_items_in_batch=num_items, softcap=None)
+    expected = reference.causal_lm_loss(hidden, weight, labels, num_items_in_batch=num_items)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -129,6 +129,12 @@ def fused_linear_cross_entropy(
         ...                            ignore_index=-100, num_items_in_batch=None, softcap=None)  # doctest: +SKIP
         tensor(..., device='cuda:0')
     """
+    if not hidden_states.is_cuda:
+        # Liger's Triton kernel needs a GPU; elsewhere the core's chunked loss computes the same thing.
+        from kernels_core.portable import fused_linear_cross_entropy as portable
+
+        return portable(hidden_states, weight, labels, bias=bias, ignore_index=ignore_index,
+                        num_items_in_batch=num_items_in_batch, softcap=softcap)
     grad_on = torch.is_grad_enabled()
     grad_hidden = grad_on and hidden_states.requires_grad
     grad_weight = grad_on and (weight.requires_grad or (bias is not None and bias.requires_grad))
