@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from kernels_core.testing import fresh_plugin_manager
+from kernels_core.testing import isolate_environment
 
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -16,11 +17,7 @@ import reference_plugin  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch, tmp_path):
-    for name in ("KERNELS_CORE_CONFIG", "KERNELS_CORE_DISABLE", "KERNELS_CORE_PLUGINS",
-                 "KERNELS_CORE_DISABLE_PLUGINS", "KERNELS_CORE_STRICT_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
-    # No kernels.toml / pyproject.toml from the checkout may leak into a test.
-    monkeypatch.chdir(tmp_path)
+    isolate_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernels_core.testing import isolate_environment
 
 
 # Helper modules of this suite (rocm_testing) import by name, whatever pytest's import mode.
@@ -23,11 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch, tmp_path):
-    for name in ("KERNELS_CORE_CONFIG", "KERNELS_CORE_DISABLE", "KERNELS_CORE_PLUGINS",
-                 "KERNELS_CORE_DISABLE_PLUGINS", "KERNELS_CORE_STRICT_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
-    # No kernels.toml / pyproject.toml from the checkout may configure a test.
-    monkeypatch.chdir(tmp_path)
+    isolate_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture

@@ -15,11 +15,30 @@ from typing import Any
 
 import torch
 
+from ._config import ENV_CONFIG
+from ._config import ENV_DISABLE
 from ._kinds import _reference as reference
+from ._manager import ENV_ALLOW
+from ._manager import ENV_BLOCK
+from ._manager import ENV_STRICT
+from ._manager import ENV_TRACE
 from ._manager import KernelsPluginManager
 
 
-__all__ = ["FAMILIES", "assert_close", "fresh_plugin_manager", "reference", "tiny_causal_lm", "tolerance"]
+__all__ = [
+    "ENVIRONMENT_VARIABLES",
+    "FAMILIES",
+    "assert_close",
+    "fresh_plugin_manager",
+    "isolate_environment",
+    "reference",
+    "tiny_causal_lm",
+    "tolerance",
+]
+
+# Every environment variable kernels-core reads; a test suite clears them so the developer's shell and the
+# checkout's own kernels.toml / pyproject.toml cannot change what a test sees.
+ENVIRONMENT_VARIABLES = (ENV_CONFIG, ENV_DISABLE, ENV_ALLOW, ENV_BLOCK, ENV_STRICT, ENV_TRACE)
 
 # Relative error bounds (max |a - b| / max |b|) for comparing a kernel with the eager module. bf16 keeps 8
 # mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in another order or keeps
@@ -92,3 +111,16 @@ def fresh_plugin_manager(*plugins: tuple[object, str], portable: bool = True) ->
     for plugin, name in plugins:
         pm.register(plugin, name)
     return pm
+
+
+def isolate_environment(monkeypatch: Any, directory: Any) -> None:
+    """Clear kernels-core's environment variables and work in ``directory`` (pytest ``monkeypatch``, ``tmp_path``).
+
+    Example:
+        >>> @pytest.fixture(autouse=True)  # doctest: +SKIP
+        ... def _isolated(monkeypatch, tmp_path):
+        ...     isolate_environment(monkeypatch, tmp_path)
+    """
+    for name in ENVIRONMENT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(directory)
