@@ -9,12 +9,14 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD/core/src:$PWD/triton-adapters/src:$PWD/plugins-cuda/src
+# Entry points exist only for installed distributions: without this, kernelize would find no CUDA plugin.
+python3 -m pip install --no-deps --no-build-isolation --no-index -q -e core -e triton-adapters -e plugins-cuda \
+  || { echo "editable install failed"; exit 1; }
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/log.txt"; }
 if [[ " $STAGES " == *" probe "* ]]; then
   log probe
   { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv;
     python3 -c "import torch,triton,transformers,liger_kernel,importlib.metadata as m;print(torch.__version__,torch.version.cuda,triton.__version__,transformers.__version__,m.version('liger-kernel'))";
-    python3 -m pip install --no-deps --no-build-isolation --no-index -q -e core -e triton-adapters -e plugins-cuda 2>&1 | tail -2;
     python3 -c "import importlib.metadata as m; print('entry points:', [e.name for e in m.entry_points(group='kernels_core.plugins')])";
   } 2>&1 | tee -a "$OUT/log.txt"
 fi

@@ -24,8 +24,6 @@ VARIANTS = [
     "torch_compile",
     "kernelize",
     "kernelize_compile",
-    "standin",
-    "standin_compile",
     "liger_compile",
 ]
 
@@ -58,13 +56,18 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3
 
         apply_liger_kernel_to_qwen3(model=model)
-    if variant.startswith(("kernelize", "standin")):
-        sys.path.insert(0, str(pathlib.Path(__file__).parent))
-        from _bind import kernelize
+    if variant.startswith("kernelize"):
+        import kernels_core
 
-        how = kernelize(
-            model, training=training, compile_mode=variant.endswith("compile"), stand_in=variant.startswith("standin")
-        )
+        mode = kernels_core.Mode.TRAINING if training else kernels_core.Mode.INFERENCE
+        if variant.endswith("compile"):
+            mode |= kernels_core.Mode.TORCH_COMPILE
+        kernels_core.kernelize(model, mode=mode)
+        report = kernels_core.get_report(model)
+        if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
+            # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
+            raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
+        how = report.summary()
     if variant.endswith("compile"):
         return torch.compile(model), how
     return model, how
