@@ -42,7 +42,8 @@ class KindConfig:
     """Configuration for one layer kind.
 
     Args:
-        prefer: kernel ids to use, per backend, in order of preference. An id that cannot be used raises.
+        prefer: kernel ids to use, per backend, in order of preference (key ``any`` applies to every backend
+            without its own entry). An id that cannot be used where a module runs raises.
         disable: kernel ids or plugin names never to use for this kind.
         strict: raise when a module of this kind ends up without a kernel.
         enabled: ``False`` leaves every module of this kind alone.

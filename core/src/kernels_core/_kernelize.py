@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from dataclasses import field
@@ -311,7 +312,7 @@ def kernelize(
     resolved_mode = _resolve_mode(model, mode)
     cfg = load_config(config)
     if strict:
-        cfg = KernelsConfig(**{**cfg.__dict__, "strict": True})
+        cfg = dataclasses.replace(cfg, strict=True)
     pm = plugin_manager or get_plugin_manager()
     mode_name = str(resolved_mode).removeprefix("Mode.")
     if cfg.disable:

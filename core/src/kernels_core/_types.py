@@ -72,10 +72,6 @@ class Supports(enum.Flag):
     BACKWARD = enum.auto()
     TORCH_COMPILE = enum.auto()
 
-    @classmethod
-    def ALL(cls) -> Supports:  # noqa: N802 - reads like a member at call sites
-        return cls.BACKWARD | cls.TORCH_COMPILE
-
 
 def _check_id(value: str, what: str) -> None:
     if not isinstance(value, str) or not _ID_RE.match(value):
