@@ -12,6 +12,7 @@ from . import list_kernels
 from . import list_plugins
 from ._manager import get_plugin_manager
 from ._report import format_table
+from ._types import Supports
 
 
 __all__ = ["main"]
@@ -63,11 +64,13 @@ def _kernels(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for spec, plugin in kernels:
-        modes = ["train" if "BACKWARD" in str(spec.supports) else "infer"]
-        if "TORCH_COMPILE" in str(spec.supports):
+        modes = ["train" if Supports.BACKWARD in spec.supports else "infer"]
+        if Supports.TORCH_COMPILE in spec.supports:
             modes.append("compile")
+        # float16 -> f16, bfloat16 -> bf16, float32 -> f32: keeps the table narrow.
+        dtypes = ",".join(d.replace("float", "f") for d in spec.dtypes)
         rows.append((spec.id, spec.kind, ",".join(spec.variants), spec.backend, str(spec.priority), "+".join(modes),
-                     ",".join(d.replace("float", "f").replace("bf16", "bf16") for d in spec.dtypes), plugin.name))
+                     dtypes, plugin.name))
     print(format_table(("kernel", "kind", "variants", "backend", "priority", "modes", "dtypes", "plugin"), rows))
     return 0
 
