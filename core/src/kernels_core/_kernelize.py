@@ -164,15 +164,19 @@ def _apply(module: nn.Module, attributes: dict[str, object], kernels: tuple[tupl
     module.__dict__[BINDING_ATTR] = BindingRecord(previous=previous, kernels=kernels)
 
 
+def _assign(namespace: dict[str, Any], values: dict[str, object]) -> None:
+    """Put saved instance attributes back; ``MISSING`` means the attribute did not exist and is removed."""
+    for attr, value in values.items():
+        if value is MISSING:
+            namespace.pop(attr, None)
+        else:
+            namespace[attr] = value
+
+
 def _restore(module: nn.Module) -> BindingRecord | None:
     record = module.__dict__.pop(BINDING_ATTR, None)
-    if record is None:
-        return None
-    for attr, value in record.previous.items():
-        if value is MISSING:
-            module.__dict__.pop(attr, None)
-        else:
-            module.__dict__[attr] = value
+    if record is not None:
+        _assign(module.__dict__, record.previous)
     return record
 
 
@@ -346,16 +350,8 @@ def kernelize(
                 _restore(module)
             else:
                 record, current = saved
-                for attr, value in current.items():
-                    if value is MISSING:
-                        module.__dict__.pop(attr, None)
-                    else:
-                        module.__dict__[attr] = value
-                module.__dict__[BINDING_ATTR] = record
-        if previous_report is MISSING:
-            model.__dict__.pop(REPORT_ATTR, None)
-        else:
-            model.__dict__[REPORT_ATTR] = previous_report
+                _assign(module.__dict__, {**current, BINDING_ATTR: record})
+        _assign(model.__dict__, {REPORT_ATTR: previous_report})
         raise
     logger.info(report.summary())
     return model
