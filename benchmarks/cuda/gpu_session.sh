@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
-# space-separated subset of: probe tests rmsnorm qwen3 qwen3compile portable
+# space-separated subset of: probe report memory tests rmsnorm elementwise qwen3 portable
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -24,6 +24,10 @@ if [[ " $STAGES " == *" report "* ]]; then
   log report
   timeout 90 python3 benchmarks/cuda/kernelize_report.py 2>&1 | tee -a "$OUT/log.txt" | tail -60
 fi
+if [[ " $STAGES " == *" memory "* ]]; then
+  log memory
+  timeout 300 python3 benchmarks/cuda/memory_breakdown.py --out "$OUT/cuda-memory.json" 2>&1 | tee -a "$OUT/log.txt"
+fi
 if [[ " $STAGES " == *" tests "* ]]; then
   log tests
   for pkg in ${TEST_PKGS:-plugins-cuda triton-adapters}; do
@@ -34,6 +38,11 @@ fi
 if [[ " $STAGES " == *" rmsnorm "* ]]; then
   log rmsnorm
   timeout 180 python3 benchmarks/cuda/rmsnorm_bench.py --out "$OUT/cuda-rmsnorm.json" 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" elementwise "* ]]; then
+  log elementwise
+  (cd benchmarks/cuda && timeout 180 python3 elementwise_bench.py --out "$OUT/cuda-elementwise.json") 2>&1 \
+    | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" qwen3 "* ]]; then
   log qwen3

@@ -29,8 +29,10 @@ def _best(kind, *, compile_mode):
 
 @pytest.mark.parametrize("kind,eager,compiled", [
     ("rms_norm", "cuda.rms_norm.tuned", "cuda.rms_norm.torch"),
-    ("silu_gated_mlp", "cuda.silu_gated_mlp.liger", "cuda.silu_gated_mlp.torch"),
-    ("rotary_embedding", "cuda.rotary_embedding.liger", "cuda.rotary_embedding.torch"),
+    ("silu_gated_mlp", "cuda.silu_gated_mlp.triton", "cuda.silu_gated_mlp.torch"),
+    ("gelu_gated_mlp", "cuda.gelu_gated_mlp.triton", "cuda.gelu_gated_mlp.torch"),
+    ("rotary_embedding", "cuda.rotary_embedding.triton", "cuda.rotary_embedding.torch"),
+    ("layer_norm", "cuda.layer_norm.liger", "cuda.layer_norm.torch"),
     ("causal_lm_loss", "cuda.causal_lm_loss.liger", "cuda.causal_lm_loss.liger"),
     ("moe_experts", "cuda.moe_experts.liger", None),
 ])
@@ -39,11 +41,11 @@ def test_preferred_kernel_per_mode(kind, eager, compiled):
     assert _best(kind, compile_mode=True) == compiled
 
 
-def test_liger_kernels_require_liger_and_ampere():
+def test_triton_kernels_require_ampere_and_only_liger_ones_require_liger():
     for spec in SPECS:
-        if spec.id.endswith((".liger", ".tuned")):
-            assert spec.requires == ("liger-kernel>=0.8.5",)
-            assert spec.capability is not None and spec.capability.min == (8, 0)
+        if spec.id.endswith((".liger", ".tuned", ".triton")):
+            assert spec.capability is not None and spec.capability.min == (8, 0), spec.id
+        assert spec.requires == (("liger-kernel>=0.8.5",) if spec.id.endswith(".liger") else ()), spec.id
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)

@@ -1,7 +1,16 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+
+# Without a GPU, this package's own Triton kernels run in Triton's interpreter on CPU tensors (tests named
+# "interpreter"): same kernel code, numpy arithmetic. Triton reads the switch when a kernel is decorated, so it is
+# set before any test imports the kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 requires_cuda = pytest.mark.skipif(
@@ -29,3 +38,39 @@ def assert_as_good_as_eager(ours: torch.Tensor, eager: torch.Tensor, truth: torc
     assert torch.isfinite(ours).all(), f"{what}: non-finite values"
     e_ours, e_eager = rel_err(ours, truth), rel_err(eager, truth)
     assert e_ours <= 2 * e_eager + FLOOR[dtype], f"{what}: error {e_ours:.2e} vs eager {e_eager:.2e} ({dtype})"
+
+
+def run_with_grads(fn, inputs, params, grad_out):
+    """Forward, then backward with a fixed upstream gradient; returns outputs and the gradients of inputs+params."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (*inputs, *params)]
+    out = fn(*leaves)
+    outs = out if isinstance(out, tuple) else (out,)
+    torch.autograd.backward(outs, [g.to(o.dtype) for o, g in zip(outs, grad_out, strict=True)])
+    return outs, [leaf.grad for leaf in leaves]
+
+
+def compare_with_eager(fn_ours, fn_eager, inputs, params, dtype, what, *, floor=None):
+    """Outputs and every gradient of ``fn_ours`` against ``fn_eager`` in ``dtype``, with eager in float64 as truth.
+
+    ``floor`` overrides the per-dtype floor (for kernels whose matmuls use TF32, say).
+    """
+    device = inputs[0].device
+    with torch.no_grad():
+        probe = fn_eager(*[t.to(dtype) for t in (*inputs, *params)])
+    probe = probe if isinstance(probe, tuple) else (probe,)
+    grad_out = [torch.randn(p.shape, device=device, dtype=torch.float64) for p in probe]
+    cast = [t.to(dtype) for t in inputs], [t.to(dtype) for t in params]
+    ours, g_ours = run_with_grads(fn_ours, *cast, grad_out)
+    eager, g_eager = run_with_grads(fn_eager, *cast, grad_out)
+    truth, g_truth = run_with_grads(fn_eager, [t.double() for t in inputs], [t.double() for t in params], grad_out)
+    saved = FLOOR[dtype]
+    if floor is not None:
+        FLOOR[dtype] = floor
+    try:
+        for i, (o, e, t) in enumerate(zip(ours, eager, truth, strict=True)):
+            assert_as_good_as_eager(o, e, t, dtype, f"{what} output {i}")
+        for i, (o, e, t) in enumerate(zip(g_ours, g_eager, g_truth, strict=True)):
+            assert o is not None, f"{what}: no gradient for argument {i}"
+            assert_as_good_as_eager(o, e, t, dtype, f"{what} grad {i}")
+    finally:
+        FLOOR[dtype] = saved

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from conftest import DTYPES
 from conftest import FLOOR
 from conftest import assert_as_good_as_eager
+from conftest import compare_with_eager
 from conftest import rel_err
 from conftest import requires_cuda
+from conftest import run_with_grads
 from kernels_triton import _gated
 from kernels_triton import _layer_norm
 from kernels_triton import _loss
@@ -26,29 +28,9 @@ pytestmark = requires_cuda
 DEV = "cuda"
 
 
-def _run(fn, inputs, params, grad_out):
-    """Forward, then backward with a fixed upstream gradient; returns output and the gradients of inputs+params."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in (*inputs, *params)]
-    out = fn(*leaves)
-    outs = out if isinstance(out, tuple) else (out,)
-    torch.autograd.backward(outs, [g.to(o.dtype) for o, g in zip(outs, grad_out, strict=True)])
-    return outs, [leaf.grad for leaf in leaves]
-
-
-def _compare(fn_ours, fn_eager, inputs, params, dtype, what):
-    with torch.no_grad():
-        probe = fn_eager(*[t.to(dtype) for t in (*inputs, *params)])
-    probe = probe if isinstance(probe, tuple) else (probe,)
-    grad_out = [torch.randn(p.shape, device=DEV, dtype=torch.float64) for p in probe]
-    cast = [t.to(dtype) for t in inputs], [t.to(dtype) for t in params]
-    ours, g_ours = _run(fn_ours, *cast, grad_out)
-    eager, g_eager = _run(fn_eager, *cast, grad_out)
-    truth, g_truth = _run(fn_eager, [t.double() for t in inputs], [t.double() for t in params], grad_out)
-    for i, (o, e, t) in enumerate(zip(ours, eager, truth, strict=True)):
-        assert_as_good_as_eager(o, e, t, dtype, f"{what} output {i}")
-    for i, (o, e, t) in enumerate(zip(g_ours, g_eager, g_truth, strict=True)):
-        assert o is not None, f"{what}: no gradient for argument {i}"
-        assert_as_good_as_eager(o, e, t, dtype, f"{what} grad {i}")
+def _compare(fn_ours, fn_eager, inputs, params, dtype, what, *, floor=None):
+    compare_with_eager(fn_ours, fn_eager, [t.to(DEV) for t in inputs], [t.to(DEV) for t in params], dtype, what,
+                       floor=floor)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -183,9 +165,9 @@ def test_fused_linear_cross_entropy(case, dtype):
         assert lo.dtype == torch.float32 and lo.dim() == 0
         lt = eager(x.double(), w.double())
     assert abs(lo.item() - lt.item()) <= 2 * abs(le.item() - lt.item()) + FLOOR[dtype] * abs(lt.item())
-    _, g_ours = _run(ours, [x.to(dtype)], [w.to(dtype)], [torch.tensor(1.0, device=DEV)])
-    _, g_eager = _run(eager, [x.to(dtype)], [w.to(dtype)], [torch.tensor(1.0, device=DEV)])
-    _, g_truth = _run(eager, [x.double()], [w.double()], [torch.tensor(1.0, device=DEV)])
+    _, g_ours = run_with_grads(ours, [x.to(dtype)], [w.to(dtype)], [torch.tensor(1.0, device=DEV)])
+    _, g_eager = run_with_grads(eager, [x.to(dtype)], [w.to(dtype)], [torch.tensor(1.0, device=DEV)])
+    _, g_truth = run_with_grads(eager, [x.double()], [w.double()], [torch.tensor(1.0, device=DEV)])
     for i in range(2):
         assert_as_good_as_eager(g_ours[i], g_eager[i], g_truth[i], dtype, f"flce {case} grad {i}")
 
@@ -251,12 +233,7 @@ def test_moe_experts(dtype):
         # Liger's fused MoE multiplies with tl.dot, which uses TF32 for float32 (10-bit mantissa): ~1e-3 relative
         # per product, like torch with allow_tf32. Compare against an eager run that also uses TF32.
         # The floor becomes TF32's (5e-3 relative), the eager reference stays in full float32.
-        old = FLOOR[torch.float32]
-        FLOOR[torch.float32] = 5e-3
-        try:
-            _compare(ours, eager, [x], [gu, d, weights], dtype, "moe")
-        finally:
-            FLOOR[torch.float32] = old
+        _compare(ours, eager, [x], [gu, d, weights], dtype, "moe", floor=5e-3)
         return
     _compare(ours, eager, [x], [gu, d, weights], dtype, "moe")
 

@@ -1,7 +1,9 @@
-"""The kernels this plugin declares, with priorities chosen from measurements on an H100.
+"""The kernels this plugin declares, with priorities chosen from measurements on an H200.
 
 Order of preference among CUDA kernels (higher wins where a kernel qualifies for the mode):
-``tuned`` (per-call choice between Liger and ATen) 120 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100.
+``tuned`` (RMSNorm: per-call choice between the Triton kernel and ``F.rms_norm``) 120 > ``triton`` (kernels-triton's
+own kernels: one launch, thin host side) 115 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100. The numbers behind
+this order are in ``benchmarks/results/cuda-*-h200.json`` and the plugin README.
 Under ``Mode.TORCH_COMPILE`` only kernels declaring it qualify: the ``torch`` entries (Inductor fuses them) and
 Liger's fused linear cross-entropy (an opaque custom op that avoids materialising the logits).
 """
@@ -11,19 +13,21 @@ from __future__ import annotations
 from kernels_core import CapabilityRange
 from kernels_core import KernelSpec
 from kernels_core import Supports
-from kernels_triton import LIGER_REQUIREMENT
 from kernels_triton import liger_kernel_specs
 from kernels_triton import native_kernel_specs
+from kernels_triton import triton_kernel_specs
 
 from ._detect import BACKEND
 
 
 __all__ = ["cuda_kernel_specs"]
 
-# Liger's CI and bfloat16 Triton code target Ampere and newer; this plugin is verified on Hopper (sm_90).
-LIGER_CAPABILITY = CapabilityRange(min=(8, 0))
+# Liger's CI and bfloat16 Triton code target Ampere and newer; this plugin is verified on Hopper (sm_90). Our own
+# Triton kernels use the same bfloat16 loads and stores, so they share the constraint.
+TRITON_CAPABILITY = CapabilityRange(min=(8, 0))
 
 PRIORITY_TUNED = 120
+PRIORITY_TRITON = 115
 PRIORITY_LIGER = 110
 PRIORITY_NATIVE = 100
 
@@ -44,12 +48,12 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
         impl="kernels_cuda._ops:rms_norm",
         priority=PRIORITY_TUNED,
         supports=Supports.BACKWARD,
-        capability=LIGER_CAPABILITY,
-        requires=(LIGER_REQUIREMENT,),
-        description="F.rms_norm below a measured size, Liger RMSNorm above it",
+        capability=TRITON_CAPABILITY,
+        description="F.rms_norm below a measured size, the Triton RMSNorm above it",
     )
     return (
         tuned,
-        *liger_kernel_specs(BACKEND, priority=PRIORITY_LIGER, capability=LIGER_CAPABILITY),
+        *triton_kernel_specs(BACKEND, priority=PRIORITY_TRITON, capability=TRITON_CAPABILITY),
+        *liger_kernel_specs(BACKEND, priority=PRIORITY_LIGER, capability=TRITON_CAPABILITY),
         *native_kernel_specs(BACKEND, priority=PRIORITY_NATIVE),
     )

@@ -1,8 +1,9 @@
-"""kernels-triton: the Liger-Kernel / Triton adapters shared by the kernels-cuda and kernels-rocm plugins.
+"""kernels-triton: the Triton kernels and Liger-Kernel adapters shared by the kernels-cuda and kernels-rocm plugins.
 
 A library, not a plugin: it registers no entry point. The adapter functions live in private modules and are
 referenced lazily from kernel declarations (``"kernels_triton._rms_norm:rms_norm"``); importing this package
-imports neither torch, Triton nor Liger.
+imports neither torch, Triton nor Liger. Besides the Liger adapters it holds this package's own Triton kernels
+(``_triton_kernels``: RMSNorm, RoPE, gated activations) and PyTorch-native alternatives.
 
 Example:
     >>> from kernels_triton import liger_kernel_specs
@@ -13,16 +14,20 @@ Example:
 from ._specs import LIGER_ADAPTERS
 from ._specs import LIGER_REQUIREMENT
 from ._specs import NATIVE_ADAPTERS
+from ._specs import TRITON_ADAPTERS
 from ._specs import AdapterEntry
 from ._specs import liger_kernel_specs
 from ._specs import native_kernel_specs
+from ._specs import triton_kernel_specs
 
 
 __all__ = [
     "LIGER_ADAPTERS",
     "LIGER_REQUIREMENT",
     "NATIVE_ADAPTERS",
+    "TRITON_ADAPTERS",
     "AdapterEntry",
     "liger_kernel_specs",
     "native_kernel_specs",
+    "triton_kernel_specs",
 ]

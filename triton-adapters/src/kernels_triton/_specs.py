@@ -1,8 +1,9 @@
 """Kernel declarations for the shared adapters, built per backend.
 
-Both GPU plugins wrap the same Liger operations; what differs between them is the backend name, the hardware
-constraints and the priorities. They therefore call :func:`liger_kernel_specs` and :func:`native_kernel_specs`
-with their own values instead of copying declarations. Nothing here imports torch or Liger.
+Both GPU plugins wrap the same Liger operations and this package's own Triton kernels; what differs between
+them is the backend name, the hardware constraints and the priorities. They therefore call
+:func:`liger_kernel_specs`, :func:`triton_kernel_specs` and :func:`native_kernel_specs` with their own values
+instead of copying declarations. Nothing here imports torch, Triton or Liger.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from kernels_core import KernelSpec
 from kernels_core import Supports
 
 
-__all__ = ["LIGER_REQUIREMENT", "AdapterEntry", "LIGER_ADAPTERS", "NATIVE_ADAPTERS", "liger_kernel_specs",
-           "native_kernel_specs"]
+__all__ = ["LIGER_REQUIREMENT", "AdapterEntry", "LIGER_ADAPTERS", "NATIVE_ADAPTERS", "TRITON_ADAPTERS",
+           "liger_kernel_specs", "native_kernel_specs", "triton_kernel_specs"]
 
 LIGER_REQUIREMENT = "liger-kernel>=0.8.5"
 _ALL_DTYPES = ("float16", "bfloat16", "float32")
@@ -69,6 +70,28 @@ LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
     "moe_experts": AdapterEntry(
         "moe_experts", ("silu",), f"{_PKG}._moe:moe_experts_silu", Supports.BACKWARD,
         "Liger fused grouped-GEMM MoE experts (SwiGLU)",
+    ),
+}
+
+# This package's own Triton kernels (``_triton_kernels``): one launch per direction and a thin Python side, for
+# the memory-bound kinds where Liger's host-side costs dominate at transformer sizes. Declared without
+# TORCH_COMPILE for the same reason as Liger's: under compile, Inductor's fusion of the native math wins.
+TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
+    "rms_norm": AdapterEntry(
+        "rms_norm", ("standard", "offset"), f"{_PKG}._triton:rms_norm", Supports.BACKWARD,
+        "Triton RMSNorm, one launch per direction (llama/gemma casting; saves x and a float32 rstd per row)",
+    ),
+    "silu_gated_mlp": AdapterEntry(
+        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:silu_mul", Supports.BACKWARD,
+        "Triton SiLU(gate) * up, one launch (saves only gate and up)",
+    ),
+    "gelu_gated_mlp": AdapterEntry(
+        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:gelu_tanh_mul", Supports.BACKWARD,
+        "Triton GELU-tanh(gate) * up, one launch (saves only gate and up)",
+    ),
+    "rotary_embedding": AdapterEntry(
+        "rotary_embedding", ("full", "partial"), f"{_PKG}._triton:rotary_embedding", Supports.BACKWARD,
+        "Triton RoPE, q and k in one launch (inputs never modified)",
     ),
 }
 
@@ -150,6 +173,30 @@ def liger_kernel_specs(
     return _build(
         LIGER_ADAPTERS, backend=backend, name="liger", priority=priority, priorities=priorities, exclude=exclude,
         capability=capability, archs=archs, requires=(LIGER_REQUIREMENT,),
+    )
+
+
+def triton_kernel_specs(
+    backend: str,
+    *,
+    priority: int = 100,
+    priorities: Mapping[str, int] | None = None,
+    exclude: Collection[str] = (),
+    capability: CapabilityRange | None = None,
+    archs: tuple[str, ...] = (),
+) -> tuple[KernelSpec, ...]:
+    """Declarations of this package's own Triton kernels for one backend, ids ``<backend>.<kind>.triton``.
+
+    They need no distribution beyond Triton itself, which ships with torch's GPU builds under different names
+    (``triton``, ``pytorch-triton-rocm``): a host without it fails the kernel's import, and kernelize falls back.
+
+    Example:
+        >>> sorted(s.id for s in triton_kernel_specs("cuda"))[:2]
+        ['cuda.gelu_gated_mlp.triton', 'cuda.rms_norm.triton']
+    """
+    return _build(
+        TRITON_ADAPTERS, backend=backend, name="triton", priority=priority, priorities=priorities, exclude=exclude,
+        capability=capability, archs=archs, requires=(),
     )
 
 

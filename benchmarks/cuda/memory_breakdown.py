@@ -1,0 +1,116 @@
+"""Where a Qwen3-0.6B-shape training step spends GPU memory, per variant: eager, Liger's patching, kernelize.
+
+For one training step (after a warm-up step, so AdamW's states exist) it records the memory held before the
+forward (parameters + optimizer states), the bytes autograd saves for backward grouped by the module class that
+saved them (each storage counted once), and the peaks of the forward, the backward and the optimizer step.
+Each variant runs in a fresh process (Liger's patching is process-global). A diagnostic, not a benchmark: it
+explains the peak-memory column of ``qwen3_bench.py``.
+
+    python benchmarks/cuda/memory_breakdown.py --out /tmp/memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+
+HERE = pathlib.Path(__file__).resolve().parent
+GIB = 2**30
+
+
+def _measure(variant: str) -> dict:
+    sys.path.insert(0, str(HERE))
+    from qwen3_bench import build
+    from qwen3_bench import prepare
+
+    model = build()
+    model.train()
+    runner, how = prepare(model, variant, training=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    batch = torch.randint(0, 151936, (4, 2048), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+    runner(input_ids=batch, labels=batch).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+    stack: list[str] = ["<outside modules>"]
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a: stack.append(type(m).__name__)))
+        handles.append(module.register_forward_hook(lambda m, a, o: stack.pop()))
+    saved: dict[str, int] = collections.Counter()
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if t.device.type == "cuda" and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            saved[stack[-1]] += storage.nbytes()
+        return t
+
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = runner(input_ids=batch, labels=batch).loss
+    torch.cuda.synchronize()
+    after_forward = torch.cuda.memory_allocated()
+    peak_forward = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    torch.cuda.synchronize()
+    peak_backward = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    peak_optimizer = torch.cuda.max_memory_allocated()
+    for handle in handles:
+        handle.remove()
+    return {
+        "variant": variant,
+        "binding": how,
+        "params_and_optimizer_GiB": base / GIB,
+        "held_after_forward_GiB": (after_forward - base) / GIB,
+        "peak_forward_GiB": peak_forward / GIB,
+        "peak_backward_GiB": peak_backward / GIB,
+        "peak_optimizer_GiB": peak_optimizer / GIB,
+        "saved_for_backward_GiB_by_module": {k: round(v / GIB, 4) for k, v in saved.most_common()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--variants", default="eager,liger,kernelize")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        args.out.write_text(json.dumps(_measure(args.child)))
+        return
+    rows = []
+    for variant in args.variants.split(","):
+        tmp = args.out.with_name(f".mem-{variant}.json")
+        proc = subprocess.run([sys.executable, __file__, "--out", str(tmp), "--child", variant],
+                              capture_output=True, text=True, timeout=300)
+        row = json.loads(tmp.read_text()) if proc.returncode == 0 else {"variant": variant,
+                                                                         "error": proc.stderr[-2000:]}
+        tmp.unlink(missing_ok=True)
+        rows.append(row)
+        print(json.dumps(row, indent=1), flush=True)
+    sys.path.insert(0, str(HERE))
+    from _common import environment
+    from _common import write_json
+
+    write_json(args.out, {"environment": environment(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

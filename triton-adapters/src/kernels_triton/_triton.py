@@ -1,0 +1,149 @@
+"""Adapters over this package's own Triton kernels (:mod:`kernels_triton._triton_kernels`).
+
+Importing this module imports Triton, so a host without it fails at kernel load time and kernelize falls back
+to the next kernel (the report says why), instead of failing at the first call. Each adapter checks that the
+kernel reproduces the eager module for the inputs at hand and otherwise takes the native math: CPU tensors,
+dtype promotion the kernel does not reproduce, layouts it does not take, and Dynamo tracing (under
+``torch.compile`` Inductor fuses the native math with its neighbours).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _native
+from . import _triton_kernels
+from ._compile import tracing
+from ._device import on_device_of
+
+
+__all__ = ["gelu_tanh_mul", "rms_norm", "rms_norm_supported", "rotary_embedding", "silu_mul"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def rms_norm_supported(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
+    """Whether the Triton RMSNorm reproduces the eager module for these inputs.
+
+    The output is written in the input dtype, so Llama's promotion of a float32 weight times a bfloat16 input to a
+    float32 output is left to the native path, as are rows too long for one block.
+
+    Example:
+        >>> rms_norm_supported(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(8), casting="llama")
+        False
+    """
+    if casting == "llama" and weight.dtype != hidden_states.dtype:
+        return False
+    return (
+        casting in ("llama", "gemma")
+        and hidden_states.is_cuda
+        and hidden_states.dtype in _FLOATS
+        and weight.dtype in _FLOATS
+        and weight.is_contiguous()
+        and 0 < hidden_states.shape[-1] <= _triton_kernels.MAX_RMS_NORM_COLS
+        and hidden_states.numel() > 0
+    )
+
+
+def rms_norm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float, casting: str
+) -> torch.Tensor:
+    """RMSNorm (standard and offset, Llama and Gemma casting) with one Triton launch per direction.
+
+    Saves the input and one float32 ``rstd`` per row for backward; under ``no_grad`` it stores nothing.
+
+    Example:
+        >>> x, w = torch.randn(4, 64), torch.ones(64)   # CPU tensors take the native path
+        >>> rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama").shape
+        torch.Size([4, 64])
+    """
+    if tracing() or not rms_norm_supported(hidden_states, weight, casting=casting):
+        return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+    with on_device_of(hidden_states):
+        return _triton_kernels.rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
+
+
+def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    # Mixed dtypes promote in eager; the flat kernel needs dense, same-shape operands (the fused layout's
+    # chunk() halves are strided views: native math there).
+    return (
+        gate.is_cuda
+        and gate.dtype == up.dtype
+        and gate.dtype in _FLOATS
+        and gate.shape == up.shape
+        and gate.is_contiguous()
+        and up.is_contiguous()
+        and not tracing()
+    )
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` in one Triton launch; only gate and up are saved for backward.
+
+    Example:
+        >>> silu_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()   # CPU: native path
+        0.0
+    """
+    if not _gated_ok(gate, up):
+        return _native.silu_mul(gate, up)
+    with on_device_of(gate):
+        return _triton_kernels.gated_activation(gate, up, gelu=False)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` in one Triton launch; only gate and up are saved for backward.
+
+    Example:
+        >>> gelu_tanh_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()   # CPU: native path
+        0.0
+    """
+    if not _gated_ok(gate, up):
+        return _native.gelu_tanh_mul(gate, up)
+    with on_device_of(gate):
+        return _triton_kernels.gated_activation(gate, up, gelu=True)
+
+
+def _rotary_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int) -> bool:
+    if not (q.is_cuda and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and unsqueeze_dim in (1, 2)):
+        return False
+    seq_dim = 2 if unsqueeze_dim == 1 else 1
+    rotary_dim = cos.shape[-1]
+    return (
+        q.dtype == k.dtype == cos.dtype == sin.dtype  # another cos/sin dtype promotes the output in eager
+        and q.dtype in _FLOATS
+        and cos.shape == sin.shape
+        and cos.shape[0] in (1, q.shape[0])
+        and cos.shape[1] == q.shape[seq_dim] == k.shape[seq_dim]
+        and k.shape[0] == q.shape[0]
+        and rotary_dim % 2 == 0
+        and 0 < rotary_dim <= q.shape[-1] == k.shape[-1]
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and cos.stride(-1) == 1
+        and sin.stride() == cos.stride()
+        and not (cos.requires_grad or sin.requires_grad)
+        and not tracing()
+    )
+
+
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb`` (full or partial rotation) with one launch for q and k.
+
+    The inputs are never modified; the outputs have the strides of q and k. ``unsqueeze_dim=2`` (``[B, S, H, D]``
+    layouts) is handled by viewing q and k as ``[B, H, S, D]``.
+
+    Example:
+        >>> q = k = torch.randn(1, 2, 3, 4)
+        >>> out = rotary_embedding(q, k, torch.ones(1, 3, 4), torch.zeros(1, 3, 4))  # CPU: native path
+        >>> torch.equal(out[0], q)
+        True
+    """
+    if not _rotary_ok(q, k, cos, sin, unsqueeze_dim):
+        return _native.rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+    with on_device_of(q):
+        if unsqueeze_dim == 2:
+            q_out, k_out = _triton_kernels.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
+        return _triton_kernels.rotary(q, k, cos, sin)

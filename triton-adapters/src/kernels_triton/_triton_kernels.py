@@ -1,0 +1,362 @@
+"""Our own Triton kernels for the memory-bound layer kinds: RMSNorm, rotary embedding, gated activations.
+
+Why not only Liger's: measured on an H200 (``benchmarks/results/cuda-rmsnorm-h200.json``), Liger's RMSNorm spends
+60-120 us per forward and ~600 us per backward on the host whatever the size, and neither it nor
+``F.rms_norm`` reaches 85% of copy bandwidth between 16M and 67M elements. These kernels keep the Python side
+to one launch per direction (grid and block sizes cached per shape), compute in float32, and save for backward
+only what the gradient needs (RMSNorm: the input and one float32 ``rstd`` per row; gated activations: gate and
+up; RoPE: nothing but the ``cos``/``sin`` it was given).
+
+This module imports Triton at import time; adapters import it lazily, only for GPU tensors.
+"""
+
+# Triton kernel parameters are pointers and scalars whose types the JIT specialises at launch; they take no hints.
+# ruff: noqa: ANN001
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+
+__all__ = ["gated_activation", "rms_norm", "rotary"]
+
+# Rows longer than this do not fit one block's registers; callers take the native path instead.
+MAX_RMS_NORM_COLS = 32768
+
+
+# --------------------------------------------------------------------------------------------------- RMSNorm
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps, offset,
+    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    xhat = x * rstd[:, None]
+    w = tl.load(W + cols, mask=col_mask, other=0.0)
+    if GEMMA:
+        # Gemma: everything in float32, one rounding at the end.
+        y = xhat * (w.to(tl.float32) + offset)[None, :]
+    else:
+        # Llama: round the normalised input to the input dtype, then scale by the weight (rounded after +offset).
+        if HAS_OFFSET:
+            w = (w.to(tl.float32) + offset).to(W.dtype.element_ty)
+        y = xhat.to(X.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    if STORE_RSTD:
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, stride_dy, stride_x, stride_dx, offset, rows_per_program,
+    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    w = tl.load(W + cols, mask=col_mask, other=0.0)
+    if GEMMA:
+        scale = w.to(tl.float32) + offset
+    elif HAS_OFFSET:
+        scale = (w.to(tl.float32) + offset).to(W.dtype.element_ty).to(tl.float32)
+    else:
+        scale = w.to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for start in range(first, last, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < last
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        xhat = x * rstd[:, None]
+        if GEMMA:
+            dw += tl.sum(dy * xhat, axis=0)
+        else:
+            dw += tl.sum(dy * xhat.to(X.dtype.element_ty).to(tl.float32), axis=0)
+        g = dy * scale[None, :]
+        # d/dx of x * rsqrt(mean(x^2) + eps): rstd * (g - xhat * mean(g * xhat)).
+        c = tl.sum(g * xhat, axis=1) / n_cols
+        dx = (g - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
+
+
+@functools.lru_cache(maxsize=64)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=1024)
+def _norm_tiling(n_cols: int, element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): tiles of about 8 KiB of input per program, whole rows per tile."""
+    block_n = triton.next_power_of_2(n_cols)
+    block_m = max(1, min(64, 8192 // (block_n * element_size)))
+    elements = block_m * block_n
+    num_warps = 4 if elements <= 4096 else 8 if elements <= 8192 else 16
+    return block_m, block_n, num_warps
+
+
+def _rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
+                      store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n_rows, n_cols = x2.shape
+    y = torch.empty_like(x2)
+    rstd = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if store_rstd else None
+    block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
+    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        x2, weight, y, rstd if rstd is not None else y, n_rows, n_cols, x2.stride(0), y.stride(0), eps, offset,
+        GEMMA=gemma, HAS_OFFSET=offset != 0.0, STORE_RSTD=store_rstd, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
+    return y, rstd
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, eps, offset, gemma):
+        y, rstd = _rms_norm_forward(x2, weight, eps, offset, gemma, store_rstd=True)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.offset, ctx.gemma = offset, gemma
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        n_rows, n_cols = x2.shape
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        dx = torch.empty_like(x2)
+        block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
+        # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
+        # program to sum afterwards instead of atomics (deterministic).
+        programs = max(1, min(2 * _sm_count(x2.device.index or 0), triton.cdiv(n_rows, block_m)))
+        rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
+        programs = triton.cdiv(n_rows, rows_per_program)
+        partial = torch.empty(programs, n_cols, device=x2.device, dtype=torch.float32)
+        _rms_norm_bwd_kernel[(programs,)](
+            dy, x2, weight, rstd, dx, partial, n_rows, n_cols, dy.stride(0), x2.stride(0), dx.stride(0),
+            ctx.offset, rows_per_program, GEMMA=ctx.gemma, HAS_OFFSET=ctx.offset != 0.0, BLOCK_M=block_m,
+            BLOCK_N=block_n, num_warps=num_warps,
+        )
+        dw = partial.sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None, None
+
+
+def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+             gemma: bool) -> torch.Tensor:
+    """RMSNorm over the last dimension; output in the input dtype. Callers check the supported cases.
+
+    Without autograd (inference, ``no_grad``) the kernel runs directly and stores no ``rstd``.
+    """
+    n_cols = hidden_states.shape[-1]
+    x2 = hidden_states.reshape(-1, n_cols)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
+        y = _RMSNorm.apply(x2, weight, float(eps), float(offset), gemma)
+    else:
+        y, _ = _rms_norm_forward(x2, weight, float(eps), float(offset), gemma, store_rstd=False)
+    return y.view(hidden_states.shape)
+
+
+# --------------------------------------------------------------------------------------------------- RoPE
+
+
+@triton.jit
+def _rotate_heads(SRC, DST, b, s, n_heads, head_dim, s_b, s_h, s_s, o_b, o_h, o_s, a11, a12, a21, a22,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_HALF)
+    h_mask = h < n_heads
+    mask = h_mask[:, None] & (d < HALF)[None, :]
+    src = SRC + b * s_b + s * s_s + h[:, None].to(tl.int64) * s_h
+    dst = DST + b * o_b + s * o_s + h[:, None].to(tl.int64) * o_h
+    x1 = tl.load(src + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * a11[None, :] + x2 * a12[None, :]
+    y2 = x1 * a21[None, :] + x2 * a22[None, :]
+    tl.store(dst + d[None, :], y1.to(DST.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + d[None, :], y2.to(DST.dtype.element_ty), mask=mask)
+    if BLOCK_PASS > 0:
+        # Partial rotation: the dims past the rotated ones pass through unchanged.
+        p = tl.arange(0, BLOCK_PASS)
+        pass_mask = h_mask[:, None] & (p < head_dim - 2 * HALF)[None, :]
+        rest = tl.load(src + 2 * HALF + p[None, :], mask=pass_mask, other=0.0)
+        tl.store(dst + 2 * HALF + p[None, :], rest, mask=pass_mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    Q, K, COS, SIN, QO, KO, n_seq, n_q_heads, n_k_heads, head_dim,
+    sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sqo_b, sqo_h, sqo_s, sko_b, sko_h, sko_s, sc_b, sc_s,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr, BACKWARD: tl.constexpr,
+):
+    # One program per (batch, position): all heads of q and k share that position's cos/sin.
+    pid = tl.program_id(0)
+    b = (pid // n_seq).to(tl.int64)
+    s = (pid % n_seq).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    d_mask = d < HALF
+    trig = b * sc_b + s * sc_s
+    c1 = tl.load(COS + trig + d, mask=d_mask, other=0.0).to(tl.float32)
+    c2 = tl.load(COS + trig + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
+    s1 = tl.load(SIN + trig + d, mask=d_mask, other=0.0).to(tl.float32)
+    s2 = tl.load(SIN + trig + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
+    # Forward: [y1, y2] = [[c1, -s1], [s2, c2]] @ [x1, x2]; backward applies the transpose to the gradient.
+    if BACKWARD:
+        a11, a12, a21, a22 = c1, s2, -s1, c2
+    else:
+        a11, a12, a21, a22 = c1, -s1, s2, c2
+    _rotate_heads(Q, QO, b, s, n_q_heads, head_dim, sq_b, sq_h, sq_s, sqo_b, sqo_h, sqo_s, a11, a12, a21, a22,
+                  HALF, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS)
+    _rotate_heads(K, KO, b, s, n_k_heads, head_dim, sk_b, sk_h, sk_s, sko_b, sko_h, sko_s, a11, a12, a21, a22,
+                  HALF, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)
+
+
+def _rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, n_q_heads, n_seq, head_dim = q.shape
+    n_k_heads = k.shape[1]
+    rotary_dim = cos.shape[-1]
+    half = rotary_dim // 2
+    q_out = torch.empty_like(q)  # same strides as q, as eager's elementwise math gives
+    k_out = torch.empty_like(k)
+    passthrough = head_dim - rotary_dim
+    cos_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
+    heads = max(n_q_heads, n_k_heads) * triton.next_power_of_2(half)
+    _rotary_kernel[(batch * n_seq,)](
+        q, k, cos, sin, q_out, k_out, n_seq, n_q_heads, n_k_heads, head_dim,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        cos_batch_stride, cos.stride(1),
+        HALF=half, BLOCK_HQ=triton.next_power_of_2(n_q_heads), BLOCK_HK=triton.next_power_of_2(n_k_heads),
+        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_PASS=triton.next_power_of_2(passthrough) if passthrough else 0, BACKWARD=backward,
+        num_warps=4 if heads <= 2048 else 8,
+    )
+    return q_out, k_out
+
+
+class _Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotary_launch(q, k, cos, sin, backward=False)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        dq = dq if dq.stride(-1) == 1 else dq.contiguous()
+        dk = dk if dk.stride(-1) == 1 else dk.contiguous()
+        dq_in, dk_in = _rotary_launch(dq, dk, cos, sin, backward=True)
+        return dq_in, dk_in, None, None
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                          torch.Tensor]:
+    """Rotate-half RoPE over the first ``cos.shape[-1]`` dims of q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]``.
+
+    ``cos``/``sin`` are ``[B or 1, S, R]`` with a unit last stride; q and k need a unit last stride. New tensors
+    are returned (the inputs are never modified) with the strides of q and k.
+    """
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _Rotary.apply(q, k, cos, sin)
+    return _rotary_launch(q, k, cos, sin, backward=False)
+
+
+# --------------------------------------------------------------------------------------------- gated MLPs
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp2, stable for large |x| (exp2 of a non-positive argument never overflows).
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2|x|)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _gated_fwd_kernel(GATE, UP, OUT, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(GATE + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(UP + offs, mask=mask, other=0.0).to(tl.float32)
+    if GELU:
+        inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+        act = 0.5 * a * (1.0 + _tanh(inner))
+    else:
+        act = a * tl.sigmoid(a)
+    tl.store(OUT + offs, (act * b).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(GATE + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(UP + offs, mask=mask, other=0.0).to(tl.float32)
+    if GELU:
+        inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+        t = _tanh(inner)
+        act = 0.5 * a * (1.0 + t)
+        d_act = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * a * a)
+    else:
+        sig = tl.sigmoid(a)
+        act = a * sig
+        d_act = sig * (1.0 + a * (1.0 - sig))
+    tl.store(DGATE + offs, (g * b * d_act).to(DGATE.dtype.element_ty), mask=mask)
+    tl.store(DUP + offs, (g * act).to(DUP.dtype.element_ty), mask=mask)
+
+
+_GATED_BLOCK = 2048
+
+
+def _gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    _gated_fwd_kernel[(triton.cdiv(n, _GATED_BLOCK),)](gate, up, out, n, GELU=gelu, BLOCK=_GATED_BLOCK,
+                                                        num_warps=8)
+    return out
+
+
+class _Gated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, gelu):
+        ctx.save_for_backward(gate, up)
+        ctx.gelu = gelu
+        return _gated_forward(gate, up, gelu)
+
+    @staticmethod
+    def backward(ctx, dout):
+        gate, up = ctx.saved_tensors
+        dout = dout.contiguous()
+        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+        n = gate.numel()
+        _gated_bwd_kernel[(triton.cdiv(n, _GATED_BLOCK),)](dout, gate, up, dgate, dup, n, GELU=ctx.gelu,
+                                                            BLOCK=_GATED_BLOCK, num_warps=8)
+        return dgate, dup, None
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
+    """``act(gate) * up`` for contiguous same-shape, same-dtype tensors; saves only gate and up for backward."""
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _Gated.apply(gate, up, gelu)
+    return _gated_forward(gate, up, gelu)

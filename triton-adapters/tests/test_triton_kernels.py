@@ -1,0 +1,156 @@
+"""kernels-triton's own Triton kernels against the eager transformers modules, forward and backward.
+
+On a GPU the kernels run through their adapters (``kernels_triton._triton``) on CUDA tensors. Without one, the
+same kernel code runs in Triton's interpreter on CPU tensors (test ids say ``interpreter``): that checks the
+kernels' arithmetic, masking and strides, not their speed or GPU-specific behaviour. Tolerances follow
+``conftest.assert_as_good_as_eager``: at most twice eager's distance from a float64 truth plus a per-dtype floor.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from conftest import DTYPES
+from conftest import compare_with_eager
+
+
+triton = pytest.importorskip("triton", reason="this package's own kernels need Triton (installed with liger-kernel)")
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+WHERE = "cuda" if ON_GPU else "interpreter"
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The kernel functions: adapters on a GPU, the raw kernels in the interpreter on CPU."""
+    from kernels_triton import _triton_kernels
+
+    if not ON_GPU and not _triton_kernels._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
+        # Imported before TRITON_INTERPRET was set (another test module got there first): decorate again.
+        importlib.reload(_triton_kernels)
+    if ON_GPU:
+        from kernels_triton import _triton
+
+        return _triton
+    _triton_kernels._sm_count = lambda index: 4  # no device to ask; any program count is correct
+
+    class Raw:
+        @staticmethod
+        def rms_norm(x, w, *, eps, offset, casting):
+            return _triton_kernels.rms_norm(x, w, eps=eps, offset=offset, gemma=casting == "gemma")
+
+        @staticmethod
+        def rotary_embedding(q, k, cos, sin, unsqueeze_dim=1):
+            return _triton_kernels.rotary(q, k, cos, sin)
+
+        @staticmethod
+        def silu_mul(gate, up):
+            return _triton_kernels.gated_activation(gate, up, gelu=False)
+
+        @staticmethod
+        def gelu_tanh_mul(gate, up):
+            return _triton_kernels.gated_activation(gate, up, gelu=True)
+
+    return Raw
+
+
+RMS_SHAPES = [(3, 37, 1000), (40, 128), (2, 5, 4096)] if ON_GPU else [(3, 37, 100), (40, 128), (3, 1000)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", RMS_SHAPES, ids=str)
+@pytest.mark.parametrize("model", ["llama", "gemma", "llama_offset"])
+def test_rms_norm_matches_eager(kernels, model, shape, dtype):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hidden = shape[-1]
+    cls, offset, casting = {
+        "llama": (LlamaRMSNorm, 0.0, "llama"),
+        "gemma": (GemmaRMSNorm, 1.0, "gemma"),
+        "llama_offset": (LlamaRMSNorm, 1.0, "llama"),  # (1 + w) with Llama's casting order
+    }[model]
+
+    def eager(x, w):
+        m = cls(hidden, eps=1e-6).to(device=x.device, dtype=x.dtype)
+        del m.weight
+        m.weight = w + offset if model == "llama_offset" else w
+        return m(x)
+
+    def ours(x, w):
+        return kernels.rms_norm(x, w, eps=1e-6, offset=offset, casting=casting)
+
+    x = torch.randn(shape, device=DEV) * 2 + 0.3
+    w = torch.randn(hidden, device=DEV) * 0.5 + (0.0 if offset else 1.0)
+    compare_with_eager(ours, eager, [x], [w], dtype, f"{WHERE} {model} rms_norm {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rotary", [64, 32, 48], ids=["full", "partial", "partial_odd_pass"])
+@pytest.mark.parametrize("layout", ["bhsd_view", "contiguous"])
+def test_rotary_matches_eager(kernels, rotary, layout, dtype):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    # cos and sin halves differ on purpose: the kernel must not assume HF's duplicated frequencies.
+    angles = torch.randn(1, 33, rotary, device=DEV)
+
+    def eager(q, k):
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        if rotary == q.shape[-1]:
+            return apply_rotary_pos_emb(q, k, cos, sin)
+        q_e, k_e = apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
+        return torch.cat((q_e, q[..., rotary:]), -1), torch.cat((k_e, k[..., rotary:]), -1)
+
+    def ours(q, k):
+        return kernels.rotary_embedding(q, k, angles.cos().to(q.dtype), angles.sin().to(q.dtype))
+
+    if layout == "bhsd_view":  # the projection layout [B, S, H, D] viewed as [B, H, S, D], as attentions pass it
+        q = torch.randn(2, 33, 6, 64, device=DEV).transpose(1, 2)
+        k = torch.randn(2, 33, 2, 64, device=DEV).transpose(1, 2)
+    else:
+        q = torch.randn(2, 6, 33, 64, device=DEV)
+        k = torch.randn(2, 2, 33, 64, device=DEV)
+    compare_with_eager(ours, eager, [q, k], [], dtype, f"{WHERE} rope {rotary} {layout}")
+    q_in, k_in = q.to(dtype), k.to(dtype)
+    q_keep = q_in.clone()
+    q_out, _ = ours(q_in, k_in)
+    assert torch.equal(q_in, q_keep), "the kernel modified its input"
+    assert q_out.stride() == q_in.stride(), "outputs keep the input layout, as eager's elementwise math does"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gated_activation_matches_eager(kernels, act, dtype):
+    import torch.nn.functional as F
+
+    def eager(gate, up):
+        return (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
+
+    fn = kernels.silu_mul if act == "silu" else kernels.gelu_tanh_mul
+    # 3 * 41 * 333 elements: not a multiple of the kernel's block; large |gate| checks tanh/sigmoid saturation.
+    gate = torch.randn(3, 41, 333, device=DEV) * 4
+    up = torch.randn(3, 41, 333, device=DEV)
+    compare_with_eager(fn, eager, [gate, up], [], dtype, f"{WHERE} {act} gated activation")
+
+
+def test_rms_norm_leaves_the_upstream_gradient_alone(kernels):
+    # Liger's in_place=True overwrote dY with dX (Liger #370); a residual consuming dY then got a wrong gradient.
+    x = torch.randn(64, 256, device=DEV, requires_grad=True)
+    w = torch.ones(256, device=DEV, requires_grad=True)
+    y = kernels.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+    dy = torch.randn_like(y)
+    keep = dy.clone()
+    y.backward(dy)
+    assert torch.equal(dy, keep)
+
+
+def test_rms_norm_without_autograd_matches_with_it(kernels):
+    x = torch.randn(9, 200, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(200, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        inference = kernels.rms_norm(x, w, eps=1e-5, offset=0.0, casting="llama")
+    training = kernels.rms_norm(x.requires_grad_(True), w, eps=1e-5, offset=0.0, casting="llama")
+    assert torch.equal(inference, training.detach())
