@@ -14,29 +14,34 @@ from kernels_rocm._archs import LIGER_GEMM_ARCHS
 from kernels_rocm._archs import LIGER_ROW_ARCHS
 from kernels_rocm._archs import RDNA
 from kernels_rocm._declarations import LIGER_ARCHS
+from kernels_rocm._declarations import TRITON_ARCHS
 from kernels_triton import LIGER_ADAPTERS
 from kernels_triton import NATIVE_ADAPTERS
+from kernels_triton import TRITON_ADAPTERS
 
 
 SPECS = rocm_kernel_specs()
 BY_ID = {s.id: s for s in SPECS}
 LIGER = [s for s in SPECS if s.id.endswith(".liger")]
 NATIVE = [s for s in SPECS if s.id.endswith(".torch")]
+TRITON = [s for s in SPECS if s.id.endswith(".triton")]
 
 
 def test_ids_unique_and_named_by_backend_kind():
     ids = [s.id for s in SPECS]
     assert len(ids) == len(set(ids))
     assert all(s.backend == "rocm" and s.id.startswith(f"rocm.{s.kind}.") for s in SPECS)
-    assert len(LIGER) + len(NATIVE) == len(SPECS)
+    assert len(LIGER) + len(NATIVE) + len(TRITON) == len(SPECS)
     assert all(s.priority >= 100 for s in SPECS), "vendor kernels use priorities of 100 and above"
 
 
 def test_every_shared_liger_adapter_is_reviewed_for_amd():
     # A new shared adapter must get an explicit ROCm architecture decision before it is declared here.
     assert set(LIGER_ARCHS) == set(LIGER_ADAPTERS)
+    assert set(TRITON_ARCHS) == set(TRITON_ADAPTERS)
     assert {s.kind for s in LIGER} == set(LIGER_ADAPTERS)
     assert {s.kind for s in NATIVE} == set(NATIVE_ADAPTERS)
+    assert {s.kind for s in TRITON} == set(TRITON_ADAPTERS)
 
 
 def test_implementations_are_the_shared_adapters_not_copies():
@@ -44,6 +49,8 @@ def test_implementations_are_the_shared_adapters_not_copies():
         assert spec.impl == LIGER_ADAPTERS[spec.kind].impl
     for spec in NATIVE:
         assert spec.impl == NATIVE_ADAPTERS[spec.kind].impl
+    for spec in TRITON:
+        assert spec.impl == TRITON_ADAPTERS[spec.kind].impl
     assert all(s.impl.startswith("kernels_triton.") for s in SPECS)
 
 
@@ -53,6 +60,8 @@ def test_supports_flags_are_the_shared_adapters_own():
         assert spec.supports == LIGER_ADAPTERS[spec.kind].supports, spec.id
     for spec in NATIVE:
         assert spec.supports == NATIVE_ADAPTERS[spec.kind].supports, spec.id
+    for spec in TRITON:
+        assert spec.supports == TRITON_ADAPTERS[spec.kind].supports, spec.id
 
 
 def test_liger_kernels_are_constrained_per_architecture():
@@ -65,6 +74,11 @@ def test_liger_kernels_are_constrained_per_architecture():
     for kind in ("rms_norm", "layer_norm", "silu_gated_mlp", "gelu_gated_mlp", "rotary_embedding",
                  "causal_lm_loss"):
         assert BY_ID[f"rocm.{kind}.liger"].archs == CDNA + RDNA
+
+
+def test_own_triton_kernels_are_row_wise_and_need_no_distribution():
+    for spec in TRITON:
+        assert spec.archs == LIGER_ROW_ARCHS and spec.requires == (), spec.id
 
 
 def test_arch_names_are_bare_gfx_names_and_include_liger_ci():
@@ -91,9 +105,9 @@ def _best(kind, *, compile_mode):
 @pytest.mark.parametrize("kind,eager,compiled", [
     ("rms_norm", "rocm.rms_norm.torch", "rocm.rms_norm.torch"),
     ("layer_norm", "rocm.layer_norm.torch", "rocm.layer_norm.torch"),
-    ("silu_gated_mlp", "rocm.silu_gated_mlp.liger", "rocm.silu_gated_mlp.torch"),
-    ("gelu_gated_mlp", "rocm.gelu_gated_mlp.liger", "rocm.gelu_gated_mlp.torch"),
-    ("rotary_embedding", "rocm.rotary_embedding.liger", "rocm.rotary_embedding.torch"),
+    ("silu_gated_mlp", "rocm.silu_gated_mlp.triton", "rocm.silu_gated_mlp.torch"),
+    ("gelu_gated_mlp", "rocm.gelu_gated_mlp.triton", "rocm.gelu_gated_mlp.torch"),
+    ("rotary_embedding", "rocm.rotary_embedding.triton", "rocm.rotary_embedding.torch"),
     ("causal_lm_loss", "rocm.causal_lm_loss.liger", "rocm.causal_lm_loss.liger"),
     ("moe_experts", "rocm.moe_experts.liger", None),
 ])

@@ -50,12 +50,12 @@ def _kernelized(family, pm, *, mode=Mode.TRAINING, device="cuda", **kwargs):
 
 
 @pytest.mark.parametrize("device", [MI300X, MI250X, MI355X])
-def test_cdna_gets_liger_where_it_fuses_and_native_norms(simulate, pm, device):
+def test_cdna_gets_fused_triton_kernels_and_native_norms(simulate, pm, device):
     simulate("rocm", [device])
     assert _chosen(_kernelized("llama", pm)) == {
         "rms_norm": {"rocm.rms_norm.torch"},
-        "silu_gated_mlp": {"rocm.silu_gated_mlp.liger"},
-        "rotary_embedding": {"rocm.rotary_embedding.liger"},
+        "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
+        "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
     }
     assert _chosen(_kernelized("qwen3_moe", pm))["moe_experts"] == {"rocm.moe_experts.liger"}
@@ -64,16 +64,16 @@ def test_cdna_gets_liger_where_it_fuses_and_native_norms(simulate, pm, device):
 def test_gemma_offset_norms_and_gelu_mlp_on_gfx942(simulate, pm):
     simulate("rocm", [MI300X])
     model = _kernelized("gemma", pm)
-    assert _chosen(model)["gelu_gated_mlp"] == {"rocm.gelu_gated_mlp.liger"}
+    assert _chosen(model)["gelu_gated_mlp"] == {"rocm.gelu_gated_mlp.triton"}
     assert _chosen(model)["rms_norm"] == {"rocm.rms_norm.torch"}
     assert {e.variant for e in get_report(model).entries if e.kind == "rms_norm"} == {"offset"}
 
 
-def test_rdna3_gets_row_wise_liger_kernels_but_no_moe_kernel(simulate, pm):
+def test_rdna3_gets_row_wise_triton_kernels_but_no_moe_kernel(simulate, pm):
     simulate("rocm", [RX7900])
     chosen = _chosen(_kernelized("qwen3_moe", pm))
     assert chosen["causal_lm_loss"] == {"rocm.causal_lm_loss.liger"}
-    assert chosen["rotary_embedding"] == {"rocm.rotary_embedding.liger"}
+    assert chosen["rotary_embedding"] == {"rocm.rotary_embedding.triton"}
     # No kernel qualifies (no native or portable MoE kernel): the experts keep their eager forward, with the reason.
     assert chosen["moe_experts"] == {None}
     (reason,) = _reasons(_kernelized("qwen3_moe", pm), "moe_experts")
@@ -81,7 +81,7 @@ def test_rdna3_gets_row_wise_liger_kernels_but_no_moe_kernel(simulate, pm):
 
 
 def test_unsupported_arch_falls_back_to_native_and_portable_kernels(simulate, pm):
-    simulate("rocm", [MI50])  # gfx906: no Liger kernel is declared for it
+    simulate("rocm", [MI50])  # gfx906: no Triton or Liger kernel is declared for it
     assert _chosen(_kernelized("llama", pm)) == {
         "rms_norm": {"rocm.rms_norm.torch"},
         "silu_gated_mlp": {"rocm.silu_gated_mlp.torch"},

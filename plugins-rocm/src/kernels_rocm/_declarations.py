@@ -1,4 +1,5 @@
-"""The kernels this plugin declares: the shared Liger adapters and PyTorch-native ones, for the ``rocm`` backend.
+"""The kernels this plugin declares for the ``rocm`` backend: kernels-triton's own Triton kernels, the shared Liger
+adapters and PyTorch-native ones.
 
 Nothing here copies an adapter. Both GPU plugins get their declarations from kernels-triton's spec builders;
 this module only decides what differs on AMD: which gfx architectures each Liger kernel may run on
@@ -14,6 +15,12 @@ no memory traffic, and on NVIDIA the measurements in issue 4 show Liger's RMSNor
 work that is no cheaper on ROCm. The Liger norms stay declared, selectable through configuration
 (``kinds.rms_norm.prefer.rocm = ["rocm.rms_norm.liger"]``).
 
+kernels-triton's own Triton kernels (RMSNorm, RoPE, gated activations) fuse the same work as Liger's with one
+launch and a thinner Python side; on NVIDIA that host-side difference is what made them faster
+(``benchmarks/results/cuda-*-h200.json``), and host-side Python costs the same whichever GPU follows. They rank
+above Liger's where both apply, on the same architectures as Liger's row-wise kernels (no ``tl.dot``); for RMSNorm
+``F.rms_norm`` stays first by the rule above and the Triton kernel comes second.
+
 Under ``Mode.TORCH_COMPILE`` only kernels declaring it qualify: the native entries (Inductor fuses them) and
 Liger's fused linear cross-entropy (an opaque custom op), exactly as on CUDA.
 """
@@ -26,20 +33,25 @@ from collections.abc import Mapping
 
 from kernels_core import KernelSpec
 from kernels_triton import LIGER_ADAPTERS
+from kernels_triton import TRITON_ADAPTERS
 from kernels_triton import liger_kernel_specs
 from kernels_triton import native_kernel_specs
+from kernels_triton import triton_kernel_specs
 
 from ._archs import LIGER_GEMM_ARCHS
 from ._archs import LIGER_ROW_ARCHS
 from ._detect import BACKEND
 
 
-__all__ = ["LIGER_ARCHS", "LIGER_PRIORITIES", "NATIVE_PRIORITIES", "PREFERRED", "SECOND", "rocm_kernel_specs"]
+__all__ = ["FIRST", "LIGER_ARCHS", "LIGER_PRIORITIES", "NATIVE_PRIORITIES", "PREFERRED", "SECOND", "TRITON_ARCHS",
+           "TRITON_PRIORITIES", "rocm_kernel_specs"]
 
 logger = logging.getLogger(__name__)
 
 # Vendor kernels use priorities of 100 and above, so they win over the core's portable kernels (0).
+FIRST = 115
 PREFERRED = 110
+BETWEEN = 105
 SECOND = 100
 
 # Per shared Liger adapter: the gfx architectures it is declared for (see _archs for known vs assumed).
@@ -66,6 +78,21 @@ LIGER_PRIORITIES: Mapping[str, int] = {
     "moe_experts": PREFERRED,  # grouped GEMM instead of a Python loop over experts; no native alternative
 }
 
+# kernels-triton's own kernels: row-wise loads and reductions like Liger's norms, so the same architectures.
+TRITON_ARCHS: Mapping[str, tuple[str, ...]] = {
+    "rms_norm": LIGER_ROW_ARCHS,
+    "silu_gated_mlp": LIGER_ROW_ARCHS,
+    "gelu_gated_mlp": LIGER_ROW_ARCHS,
+    "rotary_embedding": LIGER_ROW_ARCHS,
+}
+
+TRITON_PRIORITIES: Mapping[str, int] = {
+    "rms_norm": BETWEEN,  # after F.rms_norm (one fused ATen kernel), before Liger's
+    "silu_gated_mlp": FIRST,  # Liger's fusion with a thinner host side
+    "gelu_gated_mlp": FIRST,
+    "rotary_embedding": FIRST,
+}
+
 NATIVE_PRIORITIES: Mapping[str, int] = {
     "rms_norm": PREFERRED,
     "layer_norm": PREFERRED,
@@ -84,8 +111,14 @@ def _liger_specs() -> tuple[KernelSpec, ...]:
     return tuple(dataclasses.replace(spec, archs=LIGER_ARCHS[spec.kind]) for spec in specs)
 
 
+def _triton_specs() -> tuple[KernelSpec, ...]:
+    specs = triton_kernel_specs(BACKEND, priority=SECOND, priorities=TRITON_PRIORITIES,
+                                exclude=sorted(set(TRITON_ADAPTERS) - set(TRITON_ARCHS)))
+    return tuple(dataclasses.replace(spec, archs=TRITON_ARCHS[spec.kind]) for spec in specs)
+
+
 def rocm_kernel_specs() -> tuple[KernelSpec, ...]:
-    """All ROCm kernel declarations: Liger kernels constrained per gfx architecture, native ones on any.
+    """All ROCm kernel declarations: Triton and Liger kernels constrained per gfx architecture, native ones on any.
 
     Example:
         >>> specs = {s.id: s for s in rocm_kernel_specs()}
@@ -95,4 +128,4 @@ def rocm_kernel_specs() -> tuple[KernelSpec, ...]:
         True
     """
     native = native_kernel_specs(BACKEND, priority=SECOND, priorities=NATIVE_PRIORITIES)
-    return (*_liger_specs(), *native)
+    return (*_triton_specs(), *_liger_specs(), *native)
