@@ -43,9 +43,17 @@ def _measure(variant: str) -> dict:
 
     stack: list[str] = ["<outside modules>"]
     handles = []
+
+    # Hooks must return None: a forward hook's return value would replace the module's output.
+    def enter(module, args):
+        stack.append(type(module).__name__)
+
+    def leave(module, args, output):
+        stack.pop()
+
     for module in model.modules():
-        handles.append(module.register_forward_pre_hook(lambda m, a: stack.append(type(m).__name__)))
-        handles.append(module.register_forward_hook(lambda m, a, o: stack.pop()))
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
     saved: dict[str, int] = collections.Counter()
     seen: set[int] = set()
 

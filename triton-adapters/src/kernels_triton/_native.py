@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._compile import tracing
+
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +69,11 @@ def rms_norm(
     """
     import torch.nn.functional as F
 
+    if tracing():
+        # Under torch.compile, hand Inductor the eager module's own ops: it fuses them into one kernel either way,
+        # and on torch 2.11 / Triton 3.6 its fusion of F.rms_norm with Gemma2's residual adds produced a Triton
+        # kernel that failed to compile (PassManager::run failed), a crash eager Gemma2 never hits.
+        return rms_norm_reference(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     shape = (hidden_states.shape[-1],)
     if casting == "gemma":
         scale = weight.float() + offset if offset else weight.float()

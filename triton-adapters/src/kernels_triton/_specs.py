@@ -98,7 +98,7 @@ TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
 NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rms_norm": AdapterEntry(
         "rms_norm", ("standard", "offset"), f"{_PKG}._native:rms_norm", Supports.BACKWARD | Supports.TORCH_COMPILE,
-        "torch.nn.functional.rms_norm (one fused ATen kernel; Inductor fuses it under torch.compile)",
+        "torch.nn.functional.rms_norm eagerly (one fused ATen kernel); the eager ops under torch.compile",
     ),
     "silu_gated_mlp": AdapterEntry(
         "silu_gated_mlp", ("split", "fused"), f"{_PKG}._native:silu_mul", Supports.BACKWARD | Supports.TORCH_COMPILE,
