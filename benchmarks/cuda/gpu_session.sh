@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
-# space-separated subset of: probe report memory tests rmsnorm elementwise qwen3 portable
+# space-separated subset of: probe report memory tests nox rmsnorm elementwise qwen3 portable
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -34,6 +34,15 @@ if [[ " $STAGES " == *" tests "* ]]; then
     (cd $pkg && timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs --tb=short tests -p no:cacheprovider) 2>&1 \
       | tee -a "$OUT/pytest.txt" | tail -25
   done
+fi
+if [[ " $STAGES " == *" nox "* ]]; then
+  # The README's own command for the CUDA package, run on this machine's Python (no venv: nothing to download
+  # here). nox and its few dependencies travel as wheels under .whl/nox.
+  log nox
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/noxsite .whl/nox/*.whl \
+    && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
+    && PYTHONPATH=/tmp/noxsite:$PYTHONPATH timeout ${TEST_TIMEOUT:-540} python3 -m nox --no-venv --no-install \
+         -s "tests(vendor='cuda')" -- -q -rs --tb=short 2>&1 | tee -a "$OUT/nox-cuda.txt" | tail -40
 fi
 if [[ " $STAGES " == *" rmsnorm "* ]]; then
   log rmsnorm

@@ -154,3 +154,46 @@ def test_rms_norm_without_autograd_matches_with_it(kernels):
         inference = kernels.rms_norm(x, w, eps=1e-5, offset=0.0, casting="llama")
     training = kernels.rms_norm(x.requires_grad_(True), w, eps=1e-5, offset=0.0, casting="llama")
     assert torch.equal(inference, training.detach())
+
+
+def test_gated_backward_reuses_only_intermediate_storage(kernels):
+    # Leaves the caller owns keep their values; intermediates of the graph give their storage to the gradients.
+    gate = torch.randn(4, 96, device=DEV, requires_grad=True)
+    up = torch.randn(4, 96, device=DEV, requires_grad=True)
+    keep = gate.detach().clone()
+    kernels.silu_mul(gate, up).sum().backward()
+    assert torch.equal(gate.detach(), keep), "a leaf input was overwritten"
+    base = torch.randn(4, 96, device=DEV, requires_grad=True)
+    gate_mid, up_mid = base * 2, base * 3
+    kernels.silu_mul(gate_mid, up_mid).sum().backward()
+    expected = 2 * torch.sigmoid(2 * base.detach()) * (1 + 2 * base.detach() * (1 - torch.sigmoid(2 * base.detach())))
+    torch.testing.assert_close(base.grad, expected * 3 * base.detach() + torch.nn.functional.silu(2 * base.detach())
+                               * 3, rtol=1e-4, atol=1e-5)
+
+
+def test_gated_backward_makes_a_second_reader_of_the_reused_storage_raise(kernels):
+    base = torch.randn(4, 96, device=DEV, requires_grad=True)
+    gate = base * 2
+    squared = gate * gate  # saves gate; created first, so its backward runs after the kernel's
+    out = kernels.silu_mul(gate, base * 3).sum() + squared.sum()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the direct launch path exists only for compiled kernels (needs a GPU)")
+def test_direct_launch_reuses_compiled_kernels_across_row_counts():
+    # After the first launch compiles, calls with other row counts (unspecialised) launch the cached kernel
+    # directly; each must still compute its own rows, including 1 row (which Triton would otherwise specialise).
+    import torch.nn.functional as F
+    from kernels_triton import _triton_kernels
+
+    w = torch.randn(1024, device=DEV, dtype=torch.bfloat16)
+    for rows in (1000, 1024, 1, 4097, 1000):
+        x = torch.randn(rows, 1024, device=DEV, dtype=torch.bfloat16)
+        with torch.no_grad():
+            ours = _triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+            expected = F.rms_norm(x.float(), (1024,), eps=1e-6).to(x.dtype) * w
+        torch.testing.assert_close(ours, expected, rtol=1.6e-2, atol=1.6e-2)
+    launcher = _triton_kernels._launch_rms_norm_fwd
+    assert launcher.direct, "the direct launch failed and fell back"
+    assert len(launcher.compiled) >= 1

@@ -18,11 +18,21 @@ from kernels_triton import _triton
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TRITON_RMS_NORM_MIN_ELEMENTS", "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", "rms_norm"]
+__all__ = ["TRITON_RMS_NORM_MIN_ELEMENTS", "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD",
+           "rms_norm"]
 
-# Smallest input (elements) from which the Triton RMSNorm beats F.rms_norm, without and with autograd.
-TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
-TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 22
+# Median microseconds on the H200, bf16 (benchmarks/results/cuda-rmsnorm-h200.json), forward | forward+backward:
+#   [8192, 1024]    F.rms_norm 16.7 | 128   Triton 13.7 | 560
+#   [131072, 128]   F.rms_norm 84.4 | 210   Triton 43.6 | 684   (narrow rows: F.rms_norm's forward is slow)
+#   [8192, 8192]    F.rms_norm 105  | 368   Triton 70.8 | 486
+#   [32768, 4096]   F.rms_norm 157  | 599   Triton 134  | 491
+#   [32768, 8192]   F.rms_norm 399  | 1429  Triton 264  | 791   (Triton 96% of copy bandwidth)
+# Without autograd the Triton kernel wins from 2**23 elements. With autograd its backward has a host-side floor
+# of several hundred microseconds (as Liger's does), so F.rms_norm keeps everything below 2**27 elements and
+# rows narrower than 4096.
+TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 23
+TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 27
+TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD = 4096
 
 
 def rms_norm(
@@ -37,8 +47,11 @@ def rms_norm(
     """
     import torch
 
-    grad = torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad)
-    threshold = TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD if grad else TRITON_RMS_NORM_MIN_ELEMENTS
-    if hidden_states.numel() >= threshold:
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
+        use_triton = (hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
+                      and hidden_states.shape[-1] >= TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD)
+    else:
+        use_triton = hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS
+    if use_triton:
         return _triton.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)

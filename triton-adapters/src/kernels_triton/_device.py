@@ -13,18 +13,19 @@ from typing import TYPE_CHECKING
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     import torch
 
 __all__ = ["on_device_of"]
 
 
-@contextlib.contextmanager
-def on_device_of(tensor: torch.Tensor) -> Iterator[None]:
-    """Make ``tensor``'s device current for the duration of the block.
+_NOTHING_TO_SWITCH = contextlib.nullcontext()
 
-    ROCm tensors report the device type ``cuda`` as well, so this covers both GPU plugins.
+
+def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+    """A context that makes ``tensor``'s device current for the duration of the block.
+
+    ROCm tensors report the device type ``cuda`` as well, so this covers both GPU plugins. With one visible GPU
+    there is nothing to switch, and the context costs nothing (this runs once per kernel call).
 
     Example:
         >>> import torch
@@ -33,9 +34,9 @@ def on_device_of(tensor: torch.Tensor) -> Iterator[None]:
     """
     device = tensor.device
     if device.type != "cuda":
-        yield
-        return
+        return _NOTHING_TO_SWITCH
     import torch
 
-    with torch.cuda.device(device):
-        yield
+    if torch.cuda.device_count() < 2:
+        return _NOTHING_TO_SWITCH
+    return torch.cuda.device(device)

@@ -80,21 +80,31 @@ def _setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
     hidden_states, weight, _, bias, _, _, _, grad_hidden, grad_weight = inputs
     ctx.flags = (grad_hidden, grad_weight, bias is not None and grad_weight)  # type: ignore[attr-defined]
     ctx.save_for_backward(g_hidden, g_weight, g_bias)  # type: ignore[attr-defined]
+    # The stored gradients are outputs only to carry them to backward; nothing differentiates through them.
+    # Without this, autograd would hand backward zero-filled gradients for them: one more [V, H] tensor at the
+    # start of backward, the moment of peak memory (measured: +0.3 GiB for Qwen3-0.6B's tied head).
+    ctx.mark_non_differentiable(g_hidden, g_weight, g_bias)  # type: ignore[attr-defined]
+    ctx.set_materialize_grads(False)  # type: ignore[attr-defined]
 
 
-def _scale(grad: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
-    # grad_loss is 1.0 when the loss is the last op (the common case); the multiply is then exact in any dtype.
-    return grad * grad_loss.to(grad.dtype)
+def _scale(grad: torch.Tensor, grad_loss: torch.Tensor, *, in_place: bool) -> torch.Tensor:
+    scale = grad_loss.to(grad.dtype)
+    return grad.mul_(scale) if in_place else grad * scale
 
 
 def _backward(ctx: object, grad_loss: torch.Tensor, *_: torch.Tensor) -> tuple:
     g_hidden, g_weight, g_bias = ctx.saved_tensors  # type: ignore[attr-defined]
     want_hidden, want_weight, want_bias = ctx.flags  # type: ignore[attr-defined]
+    # Scaling the stored gradients in place (as Liger does) avoids a second [V, H] tensor at the moment of peak
+    # memory; they belong to this node alone. The in-place write bumps their version, so a second backward through
+    # the same graph (retain_graph=True) raises autograd's "modified by an inplace operation" error instead of
+    # scaling twice. Traced backward graphs are functional, so there a copy is scaled.
+    in_place = not torch.compiler.is_compiling()
     return (
-        _scale(g_hidden, grad_loss) if want_hidden else None,
-        _scale(g_weight, grad_loss) if want_weight else None,
+        _scale(g_hidden, grad_loss, in_place=in_place) if want_hidden else None,
+        _scale(g_weight, grad_loss, in_place=in_place) if want_weight else None,
         None,
-        _scale(g_bias, grad_loss) if want_bias else None,
+        _scale(g_bias, grad_loss, in_place=in_place) if want_bias else None,
         None,
         None,
         None,

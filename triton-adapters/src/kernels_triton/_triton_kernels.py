@@ -16,6 +16,8 @@ This module imports Triton at import time; adapters import it lazily, only for G
 from __future__ import annotations
 
 import functools
+import logging
+import os
 
 import torch
 import triton
@@ -27,24 +29,82 @@ __all__ = ["gated_activation", "rms_norm", "rotary"]
 # Rows longer than this do not fit one block's registers; callers take the native path instead.
 MAX_RMS_NORM_COLS = 32768
 
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------------------------------- launching
+
+
+class _Launcher:
+    """Launch one ``@triton.jit`` kernel with less host work than ``kernel[grid](...)``.
+
+    ``kernel[grid](...)`` binds and specialises every argument, builds a cache key from them and reads several
+    settings on each call: tens of microseconds, which is the whole GPU time of a 16M-element RMSNorm. The
+    kernels here declare every integer argument ``do_not_specialize``, so a compiled kernel depends only on the
+    constexpr values, the tensor dtypes, the 16-byte alignment of each tensor and whether an integer needs 64
+    bits. This class keys compiled kernels on exactly that (read cheaply), compiles through the normal launch on
+    a miss, and otherwise launches the cached compiled kernel directly. Under Triton's interpreter, or if the
+    direct launch ever fails, it uses the normal launch from then on.
+    """
+
+    def __init__(self, kernel: triton.runtime.JITFunction) -> None:
+        self.kernel = kernel
+        self.compiled: dict[tuple, object] = {}
+        params = getattr(kernel, "params", None)  # absent under the interpreter
+        self.direct = params is not None and os.environ.get("KERNELS_TRITON_DIRECT_LAUNCH", "1") != "0"
+        # Per parameter: how its argument enters the key. Constexprs and integers Triton may specialise on their
+        # value are keyed by value; unspecialised integers only by whether they fit 32 bits.
+        self.by_value = tuple(p.is_constexpr or not p.do_not_specialize for p in params or ())
+
+    def _key(self, args: tuple) -> tuple:
+        key = []
+        for by_value, arg in zip(self.by_value, args, strict=True):
+            if isinstance(arg, torch.Tensor):
+                key.append((arg.dtype, arg.data_ptr() % 16 == 0))
+            elif by_value or isinstance(arg, bool):
+                key.append(arg)
+            elif isinstance(arg, int):
+                key.append(-(2**31) <= arg < 2**31)
+            else:  # floats are never specialised
+                key.append(type(arg))
+        return tuple(key)
+
+    def __call__(self, grid: int, *args: object, num_warps: int) -> None:
+        if not self.direct:
+            self.kernel[(grid,)](*args, num_warps=num_warps)
+            return
+        key = (num_warps, self._key(args))
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            self.compiled[key] = self.kernel[(grid,)](*args, num_warps=num_warps)
+            return
+        try:
+            compiled[(grid, 1, 1)](*args)
+        except Exception:  # noqa: BLE001 - an unexpected Triton API: the normal launch always works
+            logger.warning("kernels-triton: direct launch of %s failed; using Triton's normal launch from now on",
+                           self.kernel.__name__, exc_info=True)
+            self.direct = False
+            self.kernel[(grid,)](*args, num_warps=num_warps)
+
+
 
 # --------------------------------------------------------------------------------------------------- RMSNorm
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_fwd_kernel(
-    X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps, offset,
+    X, W, Y, RSTD, n_rows, eps, offset, N_COLS: tl.constexpr,
     GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # Rows are contiguous (row stride N_COLS): a constexpr width lets the compiler vectorise every load.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
-    col_mask = cols < n_cols
+    col_mask = cols < N_COLS
     mask = row_mask[:, None] & col_mask[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    x = tl.load(X + rows64[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N_COLS + eps)
     xhat = x * rstd[:, None]
     w = tl.load(W + cols, mask=col_mask, other=0.0)
     if GEMMA:
@@ -55,19 +115,19 @@ def _rms_norm_fwd_kernel(
         if HAS_OFFSET:
             w = (w.to(tl.float32) + offset).to(W.dtype.element_ty)
         y = xhat.to(X.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + rows64[:, None] * N_COLS + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     if STORE_RSTD:
         tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, stride_dy, stride_x, stride_dx, offset, rows_per_program,
+    DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, offset, rows_per_program, N_COLS: tl.constexpr,
     GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
+    col_mask = cols < N_COLS
     w = tl.load(W + cols, mask=col_mask, other=0.0)
     if GEMMA:
         scale = w.to(tl.float32) + offset
@@ -83,8 +143,8 @@ def _rms_norm_bwd_kernel(
         row_mask = rows < last
         mask = row_mask[:, None] & col_mask[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + rows64[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         xhat = x * rstd[:, None]
         if GEMMA:
@@ -93,10 +153,10 @@ def _rms_norm_bwd_kernel(
             dw += tl.sum(dy * xhat.to(X.dtype.element_ty).to(tl.float32), axis=0)
         g = dy * scale[None, :]
         # d/dx of x * rsqrt(mean(x^2) + eps): rstd * (g - xhat * mean(g * xhat)).
-        c = tl.sum(g * xhat, axis=1) / n_cols
+        c = tl.sum(g * xhat, axis=1) / N_COLS
         dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
+        tl.store(DX + rows64[:, None] * N_COLS + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, dw, mask=col_mask)
 
 
 @functools.lru_cache(maxsize=64)
@@ -114,16 +174,19 @@ def _norm_tiling(n_cols: int, element_size: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
+_launch_rms_norm_fwd = _Launcher(_rms_norm_fwd_kernel)
+_launch_rms_norm_bwd = _Launcher(_rms_norm_bwd_kernel)
+
+
 def _rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
                       store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     n_rows, n_cols = x2.shape
     y = torch.empty_like(x2)
     rstd = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if store_rstd else None
     block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
-    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        x2, weight, y, rstd if rstd is not None else y, n_rows, n_cols, x2.stride(0), y.stride(0), eps, offset,
-        GEMMA=gemma, HAS_OFFSET=offset != 0.0, STORE_RSTD=store_rstd, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=num_warps,
+    _launch_rms_norm_fwd(
+        triton.cdiv(n_rows, block_m), x2, weight, y, rstd if rstd is not None else y, n_rows, eps, offset, n_cols,
+        gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
     )
     return y, rstd
 
@@ -140,7 +203,7 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         n_rows, n_cols = x2.shape
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        dy = dy.contiguous()
         dx = torch.empty_like(x2)
         block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
         # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
@@ -149,10 +212,9 @@ class _RMSNorm(torch.autograd.Function):
         rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
         programs = triton.cdiv(n_rows, rows_per_program)
         partial = torch.empty(programs, n_cols, device=x2.device, dtype=torch.float32)
-        _rms_norm_bwd_kernel[(programs,)](
-            dy, x2, weight, rstd, dx, partial, n_rows, n_cols, dy.stride(0), x2.stride(0), dx.stride(0),
-            ctx.offset, rows_per_program, GEMMA=ctx.gemma, HAS_OFFSET=ctx.offset != 0.0, BLOCK_M=block_m,
-            BLOCK_N=block_n, num_warps=num_warps,
+        _launch_rms_norm_bwd(
+            programs, dy, x2, weight, rstd, dx, partial, n_rows, ctx.offset, rows_per_program, n_cols, ctx.gemma,
+            ctx.offset != 0.0, block_m, block_n, num_warps=num_warps,
         )
         dw = partial.sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
         return dx, dw, None, None, None
@@ -166,7 +228,7 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     """
     n_cols = hidden_states.shape[-1]
     x2 = hidden_states.reshape(-1, n_cols)
-    if x2.stride(-1) != 1:
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != n_cols):
         x2 = x2.contiguous()
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
         y = _RMSNorm.apply(x2, weight, float(eps), float(offset), gemma)
@@ -201,14 +263,22 @@ def _rotate_heads(SRC, DST, b, s, n_heads, head_dim, s_b, s_h, s_s, o_b, o_h, o_
         tl.store(dst + 2 * HALF + p[None, :], rest, mask=pass_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_seq", "n_q_heads", "n_k_heads", "head_dim", "sq_b", "sq_h", "sq_s", "sk_b",
+                               "sk_h", "sk_s", "sqo_b", "sqo_h", "sqo_s", "sko_b", "sko_h", "sko_s", "sc_b", "sc_s"])
 def _rotary_kernel(
     Q, K, COS, SIN, QO, KO, n_seq, n_q_heads, n_k_heads, head_dim,
     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sqo_b, sqo_h, sqo_s, sko_b, sko_h, sko_s, sc_b, sc_s,
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr, BACKWARD: tl.constexpr,
+    BLOCK_PASS: tl.constexpr, BACKWARD: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     # One program per (batch, position): all heads of q and k share that position's cos/sin.
+    if ALIGNED:
+        # Every stride is a multiple of 16 elements (checked at launch): lets the compiler vectorise along d.
+        sq_b, sq_h, sq_s = tl.multiple_of(sq_b, 16), tl.multiple_of(sq_h, 16), tl.multiple_of(sq_s, 16)
+        sk_b, sk_h, sk_s = tl.multiple_of(sk_b, 16), tl.multiple_of(sk_h, 16), tl.multiple_of(sk_s, 16)
+        sqo_b, sqo_h, sqo_s = tl.multiple_of(sqo_b, 16), tl.multiple_of(sqo_h, 16), tl.multiple_of(sqo_s, 16)
+        sko_b, sko_h, sko_s = tl.multiple_of(sko_b, 16), tl.multiple_of(sko_h, 16), tl.multiple_of(sko_s, 16)
+        sc_b, sc_s = tl.multiple_of(sc_b, 16), tl.multiple_of(sc_s, 16)
     pid = tl.program_id(0)
     b = (pid // n_seq).to(tl.int64)
     s = (pid % n_seq).to(tl.int64)
@@ -230,6 +300,9 @@ def _rotary_kernel(
                   HALF, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)
 
 
+_launch_rotary = _Launcher(_rotary_kernel)
+
+
 def _rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, n_q_heads, n_seq, head_dim = q.shape
@@ -241,15 +314,14 @@ def _rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     passthrough = head_dim - rotary_dim
     cos_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
     heads = max(n_q_heads, n_k_heads) * triton.next_power_of_2(half)
-    _rotary_kernel[(batch * n_seq,)](
-        q, k, cos, sin, q_out, k_out, n_seq, n_q_heads, n_k_heads, head_dim,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        cos_batch_stride, cos.stride(1),
-        HALF=half, BLOCK_HQ=triton.next_power_of_2(n_q_heads), BLOCK_HK=triton.next_power_of_2(n_k_heads),
-        BLOCK_HALF=triton.next_power_of_2(half),
-        BLOCK_PASS=triton.next_power_of_2(passthrough) if passthrough else 0, BACKWARD=backward,
-        num_warps=4 if heads <= 2048 else 8,
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+               cos_batch_stride, cos.stride(1))
+    _launch_rotary(
+        batch * n_seq, q, k, cos, sin, q_out, k_out, n_seq, n_q_heads, n_k_heads, head_dim, *strides,
+        half, triton.next_power_of_2(n_q_heads), triton.next_power_of_2(n_k_heads), triton.next_power_of_2(half),
+        triton.next_power_of_2(passthrough) if passthrough else 0, backward,
+        half % 8 == 0 and all(stride % 16 == 0 for stride in strides), num_warps=4 if heads <= 2048 else 8,
     )
     return q_out, k_out
 
@@ -292,7 +364,7 @@ def _tanh(x):
     return tl.where(x >= 0, t, -t)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _gated_fwd_kernel(GATE, UP, OUT, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -306,7 +378,7 @@ def _gated_fwd_kernel(GATE, UP, OUT, n, GELU: tl.constexpr, BLOCK: tl.constexpr)
     tl.store(OUT + offs, (act * b).to(OUT.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -327,13 +399,14 @@ def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, n, GELU: tl.constexpr, BLOCK: 
 
 
 _GATED_BLOCK = 2048
+_launch_gated_fwd = _Launcher(_gated_fwd_kernel)
+_launch_gated_bwd = _Launcher(_gated_bwd_kernel)
 
 
 def _gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
     out = torch.empty_like(gate)
     n = gate.numel()
-    _gated_fwd_kernel[(triton.cdiv(n, _GATED_BLOCK),)](gate, up, out, n, GELU=gelu, BLOCK=_GATED_BLOCK,
-                                                        num_warps=8)
+    _launch_gated_fwd(triton.cdiv(n, _GATED_BLOCK), gate, up, out, n, gelu, _GATED_BLOCK, num_warps=8)
     return out
 
 
@@ -342,16 +415,24 @@ class _Gated(torch.autograd.Function):
     def forward(ctx, gate, up, gelu):
         ctx.save_for_backward(gate, up)
         ctx.gelu = gelu
+        # Only intermediate results of the graph (not a caller's leaf tensors, not views into other tensors) may
+        # have their storage reused for the gradients in backward.
+        ctx.reuse = all(t.grad_fn is not None and t._base is None for t in (gate, up))
         return _gated_forward(gate, up, gelu)
 
     @staticmethod
     def backward(ctx, dout):
         gate, up = ctx.saved_tensors
         dout = dout.contiguous()
-        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+        # The gradients overwrite the saved gate and up (each element is read before it is written), as Liger
+        # does: two fewer [tokens, intermediate] tensors while the backward of the MLP runs. Bumping their version
+        # makes any other autograd node that saved the same tensors raise instead of reading gradients.
         n = gate.numel()
-        _gated_bwd_kernel[(triton.cdiv(n, _GATED_BLOCK),)](dout, gate, up, dgate, dup, n, GELU=ctx.gelu,
-                                                            BLOCK=_GATED_BLOCK, num_warps=8)
+        dgate, dup = (gate, up) if ctx.reuse else (torch.empty_like(gate), torch.empty_like(up))
+        _launch_gated_bwd(triton.cdiv(n, _GATED_BLOCK), dout, gate, up, dgate, dup, n, ctx.gelu, _GATED_BLOCK,
+                          num_warps=8)
+        if ctx.reuse:
+            torch.autograd.graph.increment_version((gate, up))
         return dgate, dup, None
 
 
