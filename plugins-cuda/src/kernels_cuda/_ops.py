@@ -18,8 +18,12 @@ from kernels_triton import _triton
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TRITON_RMS_NORM_MIN_ELEMENTS", "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD",
-           "rms_norm"]
+__all__ = [
+    "TRITON_RMS_NORM_MIN_ELEMENTS",
+    "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD",
+    "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD",
+    "rms_norm",
+]
 
 # Median microseconds on the H200, bf16 (benchmarks/results/cuda-rmsnorm-h200.json), forward | forward+backward:
 #   [8192, 1024]    F.rms_norm 16.7 | 128   Triton 13.7 | 560
