@@ -239,10 +239,30 @@ def test_moe_experts(dtype):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs to check launches on a non-current one")
-def test_launches_on_the_inputs_device_not_the_current_one():
-    x = torch.randn(4096, 1024, device="cuda:1")
-    w = torch.randn(1024, device="cuda:1")
-    with torch.cuda.device(0):
-        ours = _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
-    torch.testing.assert_close(ours, _rms_norm.rms_norm(x.cpu(), w.cpu(), eps=1e-6, offset=0.0,
-                                                        casting="llama").to("cuda:1"), rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("adapter", ["liger", "triton"])
+def test_launches_on_the_inputs_device_not_the_current_one(adapter):
+    # device_map puts layers on cuda:1 while cuda:0 stays current; Triton launches on the current device unless the
+    # adapter switches. Each kind is run on cuda:1 with cuda:0 current and compared with the same call on the CPU.
+    from kernels_triton import _triton
+
+    rms_norm = _rms_norm.rms_norm if adapter == "liger" else _triton.rms_norm
+    silu_mul = _gated.silu_mul if adapter == "liger" else _triton.silu_mul
+    rope = _rope.rotary_embedding if adapter == "liger" else _triton.rotary_embedding
+    x, w = torch.randn(4096, 1024), torch.randn(1024)
+    gate, up = torch.randn(512, 768), torch.randn(512, 768)
+    q, k = torch.randn(2, 33, 6, 64).transpose(1, 2), torch.randn(2, 33, 2, 64).transpose(1, 2)
+    angles = torch.randn(1, 33, 64)
+    cases = {
+        "rms_norm": (lambda *t: rms_norm(*t, eps=1e-6, offset=0.0, casting="llama"), (x, w)),
+        "silu_mul": (silu_mul, (gate, up)),
+        "rope": (rope, (q, k, angles.cos(), angles.sin())),
+    }
+    for name, (fn, cpu_args) in cases.items():
+        expected = fn(*cpu_args)
+        for _ in range(2):  # the second call takes the direct launch of the cached compiled kernel
+            with torch.cuda.device(0):
+                ours = fn(*[t.to("cuda:1") for t in cpu_args])
+            ours = ours if isinstance(ours, tuple) else (ours,)
+            assert all(o.device == torch.device("cuda:1") for o in ours), name
+            for o, e in zip(ours, expected if isinstance(expected, tuple) else (expected,), strict=True):
+                torch.testing.assert_close(o.cpu(), e, rtol=1e-5, atol=1e-5, msg=f"{adapter} {name}")

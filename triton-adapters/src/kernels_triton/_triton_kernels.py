@@ -72,7 +72,9 @@ class _Launcher:
         if not self.direct:
             self.kernel[(grid,)](*args, num_warps=num_warps)
             return
-        key = (num_warps, self._key(args))
+        # Compiled kernels are loaded per device: the device (current, set by the adapters to the inputs') is
+        # part of the key, like the per-device caches of Triton's own launch.
+        key = (num_warps, args[0].device.index, self._key(args))
         compiled = self.compiled.get(key)
         if compiled is None:
             self.compiled[key] = self.kernel[(grid,)](*args, num_warps=num_warps)
