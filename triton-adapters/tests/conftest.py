@@ -74,3 +74,26 @@ def compare_with_eager(fn_ours, fn_eager, inputs, params, dtype, what, *, floor=
             assert_as_good_as_eager(o, e, t, dtype, f"{what} grad {i}")
     finally:
         FLOOR[dtype] = saved
+
+
+def eager_rotary(q, k, cos, sin):
+    """transformers' own ``apply_rotary_pos_emb``, over the first ``cos.shape[-1]`` dims (the rest passes through)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    rotary = cos.shape[-1]
+    if rotary == q.shape[-1]:
+        return apply_rotary_pos_emb(q, k, cos, sin)
+    q_e, k_e = apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
+    return torch.cat((q_e, q[..., rotary:]), -1), torch.cat((k_e, k[..., rotary:]), -1)
+
+
+def assert_upstream_gradient_untouched(rms_norm, device):
+    """An RMSNorm's backward must not write into the incoming gradient: Liger's ``in_place=True`` overwrote dY with
+    dX (Liger #370), and a residual branch consuming the same dY then got a wrong gradient (Gemma2 diverged)."""
+    x = torch.randn(64, 256, device=device, requires_grad=True)
+    w = torch.ones(256, device=device, requires_grad=True)
+    y = rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+    dy = torch.randn_like(y)
+    keep = dy.clone()
+    y.backward(dy)
+    assert torch.equal(dy, keep)

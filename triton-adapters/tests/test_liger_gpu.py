@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from conftest import DTYPES
 from conftest import FLOOR
 from conftest import assert_as_good_as_eager
+from conftest import assert_upstream_gradient_untouched
 from conftest import compare_with_eager
+from conftest import eager_rotary
 from conftest import rel_err
 from conftest import requires_cuda
 from conftest import run_with_grads
@@ -58,14 +60,7 @@ def test_rms_norm(model, shape, dtype):
 
 
 def test_rms_norm_does_not_touch_upstream_gradient():
-    # in_place=True would overwrite dY with dX; a residual consuming dY then gets the wrong gradient (Liger #370).
-    x = torch.randn(64, 256, device=DEV, requires_grad=True)
-    w = torch.ones(256, device=DEV, requires_grad=True)
-    y = _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
-    dy = torch.randn_like(y)
-    keep = dy.clone()
-    y.backward(dy)
-    assert torch.equal(dy, keep)
+    assert_upstream_gradient_untouched(_rms_norm.rms_norm, DEV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -101,17 +96,11 @@ def test_gated_mlp(act, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rotary", [64, 32], ids=["full", "partial"])
 def test_rope(rotary, dtype):
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     theta = torch.randn(1, 33, rotary // 2, device=DEV).repeat(1, 1, 2)
 
     # cos/sin are buffers in every model (no gradient); they follow q's dtype as the rotary modules return them.
     def eager(q, k):
-        cos, sin = theta.cos().to(q.dtype), theta.sin().to(q.dtype)
-        if rotary == q.shape[-1]:
-            return apply_rotary_pos_emb(q, k, cos, sin)
-        q_e, k_e = apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
-        return torch.cat((q_e, q[..., rotary:]), -1), torch.cat((k_e, k[..., rotary:]), -1)
+        return eager_rotary(q, k, theta.cos().to(q.dtype), theta.sin().to(q.dtype))
 
     def ours(q, k):
         return _rope.rotary_embedding(q, k, theta.cos().to(q.dtype), theta.sin().to(q.dtype))

@@ -13,7 +13,9 @@ import importlib
 import pytest
 import torch
 from conftest import DTYPES
+from conftest import assert_upstream_gradient_untouched
 from conftest import compare_with_eager
+from conftest import eager_rotary
 
 
 triton = pytest.importorskip("triton", reason="this package's own kernels need Triton (installed with liger-kernel)")
@@ -92,17 +94,11 @@ def test_rms_norm_matches_eager(kernels, model, shape, dtype):
 @pytest.mark.parametrize("rotary", [64, 32, 48], ids=["full", "partial", "partial_odd_pass"])
 @pytest.mark.parametrize("layout", ["bhsd_view", "contiguous"])
 def test_rotary_matches_eager(kernels, rotary, layout, dtype):
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     # cos and sin halves differ on purpose: the kernel must not assume HF's duplicated frequencies.
     angles = torch.randn(1, 33, rotary, device=DEV)
 
     def eager(q, k):
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-        if rotary == q.shape[-1]:
-            return apply_rotary_pos_emb(q, k, cos, sin)
-        q_e, k_e = apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
-        return torch.cat((q_e, q[..., rotary:]), -1), torch.cat((k_e, k[..., rotary:]), -1)
+        return eager_rotary(q, k, angles.cos().to(q.dtype), angles.sin().to(q.dtype))
 
     def ours(q, k):
         return kernels.rotary_embedding(q, k, angles.cos().to(q.dtype), angles.sin().to(q.dtype))
@@ -137,14 +133,7 @@ def test_gated_activation_matches_eager(kernels, act, dtype):
 
 
 def test_rms_norm_leaves_the_upstream_gradient_alone(kernels):
-    # Liger's in_place=True overwrote dY with dX (Liger #370); a residual consuming dY then got a wrong gradient.
-    x = torch.randn(64, 256, device=DEV, requires_grad=True)
-    w = torch.ones(256, device=DEV, requires_grad=True)
-    y = kernels.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
-    dy = torch.randn_like(y)
-    keep = dy.clone()
-    y.backward(dy)
-    assert torch.equal(dy, keep)
+    assert_upstream_gradient_untouched(kernels.rms_norm, DEV)
 
 
 def test_rms_norm_without_autograd_matches_with_it(kernels):

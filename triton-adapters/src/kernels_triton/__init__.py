@@ -16,6 +16,7 @@ from ._specs import LIGER_REQUIREMENT
 from ._specs import NATIVE_ADAPTERS
 from ._specs import TRITON_ADAPTERS
 from ._specs import AdapterEntry
+from ._specs import adapter_kernel_specs
 from ._specs import liger_kernel_specs
 from ._specs import native_kernel_specs
 from ._specs import triton_kernel_specs
@@ -27,6 +28,7 @@ __all__ = [
     "NATIVE_ADAPTERS",
     "TRITON_ADAPTERS",
     "AdapterEntry",
+    "adapter_kernel_specs",
     "liger_kernel_specs",
     "native_kernel_specs",
     "triton_kernel_specs",

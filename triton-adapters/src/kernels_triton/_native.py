@@ -25,7 +25,25 @@ __all__ = [
     "rms_norm_reference",
     "rotary_embedding",
     "silu_mul",
+    "writes_input_dtype",
 ]
+
+
+def writes_input_dtype(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
+    """Whether an RMSNorm kernel that writes its output in the input dtype reproduces the eager module here.
+
+    GPU kernels (Liger's, kernels-triton's) write the input dtype. The Llama module multiplies the weight in the
+    weight's dtype, so a float32 weight with a bfloat16 input promotes the output to float32: that combination,
+    unknown castings and non-GPU tensors are left to the native path.
+
+    Example:
+        >>> import torch
+        >>> writes_input_dtype(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(8), casting="llama")
+        False
+    """
+    if casting == "llama" and weight.dtype != hidden_states.dtype:
+        return False
+    return casting in ("llama", "gemma") and hidden_states.is_cuda
 
 
 def rms_norm_reference(

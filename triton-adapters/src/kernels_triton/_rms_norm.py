@@ -19,21 +19,15 @@ _MAX_ROW_BYTES = 65536
 
 
 def liger_supports(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
-    """Whether Liger's kernel reproduces the eager module for these inputs.
-
-    Liger writes the output in the input dtype; the Llama module promotes a float32 weight times a bfloat16
-    input to float32, so that combination (and rows over 64 KiB) go to the native path instead.
+    """Whether Liger's kernel reproduces the eager module for these inputs (and rows fit Liger's 64 KiB block).
 
     Example:
         >>> import torch
         >>> liger_supports(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(8), casting="llama")
         False
     """
-    if casting == "llama" and weight.dtype != hidden_states.dtype:
-        return False
-    if casting not in ("llama", "gemma"):
-        return False
-    return hidden_states.shape[-1] * hidden_states.element_size() <= _MAX_ROW_BYTES and hidden_states.is_cuda
+    return (_native.writes_input_dtype(hidden_states, weight, casting=casting)
+            and hidden_states.shape[-1] * hidden_states.element_size() <= _MAX_ROW_BYTES)
 
 
 def rms_norm(

@@ -2,12 +2,14 @@
 
 Both GPU plugins wrap the same Liger operations and this package's own Triton kernels; what differs between
 them is the backend name, the hardware constraints and the priorities. They therefore call
-:func:`liger_kernel_specs`, :func:`triton_kernel_specs` and :func:`native_kernel_specs` with their own values
-instead of copying declarations. Nothing here imports torch, Triton or Liger.
+:func:`adapter_kernel_specs` (or its per-family names ``triton_kernel_specs``, ``liger_kernel_specs``,
+``native_kernel_specs``) with their own values instead of copying declarations. Nothing here imports torch,
+Triton or Liger.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from kernels_core import Supports
 
 
 __all__ = ["LIGER_REQUIREMENT", "AdapterEntry", "LIGER_ADAPTERS", "NATIVE_ADAPTERS", "TRITON_ADAPTERS",
-           "liger_kernel_specs", "native_kernel_specs", "triton_kernel_specs"]
+           "adapter_kernel_specs", "liger_kernel_specs", "native_kernel_specs", "triton_kernel_specs"]
 
 LIGER_REQUIREMENT = "liger-kernel>=0.8.5"
 _ALL_DTYPES = ("float16", "bfloat16", "float32")
@@ -119,24 +121,48 @@ NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = {
 }
 
 
-def _build(
-    table: Mapping[str, AdapterEntry],
-    *,
+_FAMILIES: Mapping[str, tuple[Mapping[str, AdapterEntry], tuple[str, ...]]] = {
+    "triton": (TRITON_ADAPTERS, ()),
+    "liger": (LIGER_ADAPTERS, (LIGER_REQUIREMENT,)),
+    "torch": (NATIVE_ADAPTERS, ()),
+}
+
+
+def adapter_kernel_specs(
+    family: str,
     backend: str,
-    name: str,
-    priority: int,
-    priorities: Mapping[str, int] | None,
-    exclude: Collection[str],
-    capability: CapabilityRange | None,
-    archs: tuple[str, ...],
-    requires: tuple[str, ...],
+    *,
+    priority: int = 100,
+    priorities: Mapping[str, int] | None = None,
+    exclude: Collection[str] = (),
+    capability: CapabilityRange | None = None,
+    archs: tuple[str, ...] = (),
 ) -> tuple[KernelSpec, ...]:
+    """Declarations of one family of shared adapters for one backend, ids ``<backend>.<kind>.<family>``.
+
+    ``family`` is ``"triton"`` (this package's own Triton kernels: they need no distribution beyond Triton itself,
+    which ships with torch's GPU builds under different names, so a host without it fails the kernel's import and
+    kernelize falls back), ``"liger"`` (requires liger-kernel) or ``"torch"`` (PyTorch-native). ``priorities``
+    overrides ``priority`` per layer kind; ``exclude`` leaves kinds out.
+
+    Example:
+        >>> specs = adapter_kernel_specs("liger", "rocm", priority=100, priorities={"rms_norm": 90},
+        ...                              archs=("gfx942",))
+        >>> next(s for s in specs if s.kind == "rms_norm").priority
+        90
+        >>> sorted(s.id for s in adapter_kernel_specs("triton", "cuda"))[:2]
+        ['cuda.gelu_gated_mlp.triton', 'cuda.rms_norm.triton']
+    """
+    if family not in _FAMILIES:
+        raise ValueError(f"unknown adapter family {family!r}; expected one of {sorted(_FAMILIES)}")
+    table, requires = _FAMILIES[family]
     unknown = (set(priorities or {}) | set(exclude)) - set(table)
     if unknown:
-        raise ValueError(f"unknown layer kinds {sorted(unknown)}; the shared adapters cover: {sorted(table)}")
+        raise ValueError(f"unknown layer kinds {sorted(unknown)} for the {family!r} adapters; they cover: "
+                         f"{sorted(table)}")
     return tuple(
         KernelSpec(
-            id=f"{backend}.{key}.{name}",
+            id=f"{backend}.{key}.{family}",
             kind=entry.kind,
             variants=entry.variants,
             backend=backend,
@@ -154,68 +180,7 @@ def _build(
     )
 
 
-def liger_kernel_specs(
-    backend: str,
-    *,
-    priority: int = 100,
-    priorities: Mapping[str, int] | None = None,
-    exclude: Collection[str] = (),
-    capability: CapabilityRange | None = None,
-    archs: tuple[str, ...] = (),
-) -> tuple[KernelSpec, ...]:
-    """Declarations of the Liger adapters for one backend, ids ``<backend>.<kind>.liger``.
-
-    Example:
-        >>> specs = liger_kernel_specs("rocm", priority=100, priorities={"rms_norm": 90}, archs=("gfx942",))
-        >>> next(s for s in specs if s.kind == "rms_norm").priority
-        90
-    """
-    return _build(
-        LIGER_ADAPTERS, backend=backend, name="liger", priority=priority, priorities=priorities, exclude=exclude,
-        capability=capability, archs=archs, requires=(LIGER_REQUIREMENT,),
-    )
-
-
-def triton_kernel_specs(
-    backend: str,
-    *,
-    priority: int = 100,
-    priorities: Mapping[str, int] | None = None,
-    exclude: Collection[str] = (),
-    capability: CapabilityRange | None = None,
-    archs: tuple[str, ...] = (),
-) -> tuple[KernelSpec, ...]:
-    """Declarations of this package's own Triton kernels for one backend, ids ``<backend>.<kind>.triton``.
-
-    They need no distribution beyond Triton itself, which ships with torch's GPU builds under different names
-    (``triton``, ``pytorch-triton-rocm``): a host without it fails the kernel's import, and kernelize falls back.
-
-    Example:
-        >>> sorted(s.id for s in triton_kernel_specs("cuda"))[:2]
-        ['cuda.gelu_gated_mlp.triton', 'cuda.rms_norm.triton']
-    """
-    return _build(
-        TRITON_ADAPTERS, backend=backend, name="triton", priority=priority, priorities=priorities, exclude=exclude,
-        capability=capability, archs=archs, requires=(),
-    )
-
-
-def native_kernel_specs(
-    backend: str,
-    *,
-    priority: int = 100,
-    priorities: Mapping[str, int] | None = None,
-    exclude: Collection[str] = (),
-    capability: CapabilityRange | None = None,
-    archs: tuple[str, ...] = (),
-) -> tuple[KernelSpec, ...]:
-    """Declarations of the PyTorch-native alternatives for one backend, ids ``<backend>.<kind>.torch``.
-
-    Example:
-        >>> [s.id for s in native_kernel_specs("cuda", exclude=("layer_norm", "gelu_gated_mlp"))][:2]
-        ['cuda.rms_norm.torch', 'cuda.silu_gated_mlp.torch']
-    """
-    return _build(
-        NATIVE_ADAPTERS, backend=backend, name="torch", priority=priority, priorities=priorities, exclude=exclude,
-        capability=capability, archs=archs, requires=(),
-    )
+# The three families by name, for declarations that read as what they are.
+liger_kernel_specs = functools.partial(adapter_kernel_specs, "liger")
+triton_kernel_specs = functools.partial(adapter_kernel_specs, "triton")
+native_kernel_specs = functools.partial(adapter_kernel_specs, "torch")

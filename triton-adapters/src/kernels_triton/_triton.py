@@ -25,18 +25,15 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 def rms_norm_supported(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
     """Whether the Triton RMSNorm reproduces the eager module for these inputs.
 
-    The output is written in the input dtype, so Llama's promotion of a float32 weight times a bfloat16 input to a
-    float32 output is left to the native path, as are rows too long for one block.
+    The output is written in the input dtype (see :func:`kernels_triton._native.writes_input_dtype`), and rows
+    must fit one block.
 
     Example:
         >>> rms_norm_supported(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(8), casting="llama")
         False
     """
-    if casting == "llama" and weight.dtype != hidden_states.dtype:
-        return False
     return (
-        casting in ("llama", "gemma")
-        and hidden_states.is_cuda
+        _native.writes_input_dtype(hidden_states, weight, casting=casting)
         and hidden_states.dtype in _FLOATS
         and weight.dtype in _FLOATS
         and weight.is_contiguous()
@@ -77,6 +74,13 @@ def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
     )
 
 
+def _gated(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
+    if not _gated_ok(gate, up):
+        return _native.gelu_tanh_mul(gate, up) if gelu else _native.silu_mul(gate, up)
+    with on_device_of(gate):
+        return _triton_kernels.gated_activation(gate, up, gelu=gelu)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` in one Triton launch; only gate and up are saved for backward.
 
@@ -84,10 +88,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         >>> silu_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()   # CPU: native path
         0.0
     """
-    if not _gated_ok(gate, up):
-        return _native.silu_mul(gate, up)
-    with on_device_of(gate):
-        return _triton_kernels.gated_activation(gate, up, gelu=False)
+    return _gated(gate, up, gelu=False)
 
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -97,10 +98,7 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         >>> gelu_tanh_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()   # CPU: native path
         0.0
     """
-    if not _gated_ok(gate, up):
-        return _native.gelu_tanh_mul(gate, up)
-    with on_device_of(gate):
-        return _triton_kernels.gated_activation(gate, up, gelu=True)
+    return _gated(gate, up, gelu=True)
 
 
 def _rotary_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int) -> bool:
