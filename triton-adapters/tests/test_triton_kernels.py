@@ -186,3 +186,16 @@ def test_direct_launch_reuses_compiled_kernels_across_row_counts():
     launcher = _triton_kernels._launch_rms_norm_fwd
     assert launcher.direct, "the direct launch failed and fell back"
     assert len(launcher.compiled) >= 1
+
+
+@pytest.mark.parametrize("rows", [4, 3], ids=["block_multiple", "ragged"])
+def test_gated_activation_even_and_ragged_lengths(kernels, rows):
+    # 4 x 512 elements fill whole 1024-element blocks (the unmasked path); 3 x 512 leave a partial one.
+    import torch.nn.functional as F
+
+    gate = torch.randn(rows, 512, device=DEV, requires_grad=True)
+    up = torch.randn(rows, 512, device=DEV, requires_grad=True)
+    out = kernels.silu_mul(gate, up)
+    torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    out.sum().backward()
+    torch.testing.assert_close(up.grad, F.silu(gate.detach()), rtol=1e-5, atol=1e-6)
