@@ -25,17 +25,20 @@ __all__ = [
     "rms_norm",
 ]
 
-# Median microseconds on the H200, bf16 (benchmarks/results/cuda-rmsnorm-h200.json), forward | forward+backward:
-#   [8192, 1024]    F.rms_norm 16.7 | 128   Triton 13.7 | 560
-#   [131072, 128]   F.rms_norm 84.4 | 210   Triton 43.6 | 684   (narrow rows: F.rms_norm's forward is slow)
-#   [8192, 8192]    F.rms_norm 105  | 368   Triton 70.8 | 486
-#   [32768, 4096]   F.rms_norm 157  | 599   Triton 134  | 491
-#   [32768, 8192]   F.rms_norm 399  | 1429  Triton 264  | 791   (Triton 96% of copy bandwidth)
-# Without autograd the Triton kernel wins from 2**23 elements. With autograd its backward has a host-side floor
-# of several hundred microseconds (as Liger's does), so F.rms_norm keeps everything below 2**27 elements and
-# rows narrower than 4096.
-TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 23
-TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 27
+# H200, bf16, microseconds (benchmarks/results/cuda-rmsnorm-h200.json). Forward on the GPU alone (CUDA graphs) |
+# forward as called (do_bench, host work included) | forward+backward as called:
+#   [8192, 1024]    F.rms_norm 14.1 | 17.0 | 123    Triton 10.8 | 27.2 | 536   (host-bound: 28 us of host work)
+#   [16384, 1024]   F.rms_norm 25.0 | 28.2 | 147    Triton 18.8 | 22.2 | 450
+#   [131072, 128]   F.rms_norm 83.3 | 85.2 | 213    Triton 19.8 | 44.1 | 610   (narrow rows: F.rms_norm is slow)
+#   [4096, 4096]    F.rms_norm 24.6 | 28.3 |  95    Triton 18.6 | 22.4 | 483
+#   [32768, 4096]   F.rms_norm 156  | 159  | 596    Triton 132  | 135  | 705 (another run: 389 vs 601)
+#   [32768, 8192]   F.rms_norm 401  | 404  | 1396   Triton 261  | 264  | 807 (another run: 800 vs 1431)
+# Without autograd the Triton kernel is faster on the GPU from 2**23 elements, but below 2**24 its host-side
+# launch (28 us against F.rms_norm's 10 us) decides when the host is the bottleneck, so it takes over from 2**24.
+# With autograd its backward carries a host-side floor of several hundred microseconds (as Liger's does) whose
+# run-to-run spread reaches 2x: only from 2**28 elements with rows of 4096 or more does it win in every run.
+TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 24
+TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 28
 TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD = 4096
 
 
