@@ -7,6 +7,8 @@ Every variant trains the same seeded model on the same batches in a process of i
 on CPU the resident-set high-water mark reset before the first step (Linux ``VmHWM``), on CUDA
 ``torch.cuda.max_memory_allocated``. Besides ``eager`` and ``kernelized`` (every portable kernel), two
 ablations show where the savings come from: ``loss-only`` and ``no-loss`` (norm and MLP kernels only).
+Only the core's own plugins load by default (``--plugins core``), so a machine with a vendor package installed still
+measures the portable kernels; ``--plugins installed`` measures whatever kernelize picks there instead.
 Needs only torch, transformers and the repository's ``core/src`` (installed, or on ``PYTHONPATH``).
 Results go to ``benchmarks/results/portable-<device>[-<shape>].json``.
 """
@@ -52,8 +54,11 @@ def _ensure_builtin_plugins() -> str:
     return f"registered in-process: {', '.join(missing)}" if missing else "entry points"
 
 
-def worker(variant: str, shape_name: str, device_name: str, steps: int) -> dict:
+def worker(variant: str, shape_name: str, device_name: str, steps: int, plugins: str) -> dict:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if plugins == "core":
+        # The allow list always keeps ``builtin``; naming ``portable`` keeps vendor plugins out.
+        os.environ["KERNELS_CORE_PLUGINS"] = "portable"
     import torch
     import workload
 
@@ -73,6 +78,9 @@ def worker(variant: str, shape_name: str, device_name: str, steps: int) -> dict:
             if entry.applied:
                 applied[entry.kernel] = applied.get(entry.kernel, 0) + 1
         summary["kernels"] = applied
+        foreign = sorted(k for k in applied if not k.startswith("any."))
+        if plugins == "core" and foreign:
+            raise SystemExit(f"--plugins core, yet kernelize applied non-portable kernels {foreign}")
     result = workload.train(model, shape, device=device, steps=steps)
     return {**result, **summary}
 
@@ -89,6 +97,8 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
         args.device,
         "--steps",
         str(args.steps),
+        "--plugins",
+        args.plugins,
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -114,10 +124,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     parser.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/portable-...json)")
+    parser.add_argument("--plugins", default="core", choices=("core", "installed"),
+                        help="core: only the core's portable kernels (default); installed: every installed plugin")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.shape, args.device, args.steps)))
+        print(json.dumps(worker(args.worker, args.shape, args.device, args.steps, args.plugins)))
         return 0
 
     import torch
@@ -208,11 +220,13 @@ def main() -> int:
         "transformers": transformers.__version__,
         "shape": {"name": args.shape, **shape.__dict__},
         "steps": args.steps,
+        "plugins": args.plugins,
         "peak_method": eager["peak_method"],
         "target": target,
         "variants": results,
     }
     suffix = args.device.split(":")[0] + ("" if args.shape == "demo" else f"-{args.shape}")
+    suffix += "" if args.plugins == "core" else "-installed-plugins"
     out = Path(args.out) if args.out else HERE / "results" / f"portable-{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
