@@ -1,10 +1,12 @@
-"""Where a Qwen3-0.6B-shape training step spends GPU memory, per variant: eager, Liger's patching, kernelize.
+"""Where a Qwen3-0.6B-shape training step spends GPU memory, per variant: eager, Liger's patching, kernelize, and
+(with ``--variants``) the torch.compile variants of ``qwen3_bench.py``.
 
 For one training step (after a warm-up step, so AdamW's states exist) it records the memory held before the
 forward (parameters + optimizer states), the bytes autograd saves for backward grouped by the module class that
 saved them (each storage counted once), and the peaks of the forward, the backward and the optimizer step.
 Each variant runs in a fresh process (Liger's patching is process-global). A diagnostic, not a benchmark: it
-explains the peak-memory column of ``qwen3_bench.py``.
+explains the peak-memory column of ``qwen3_bench.py``. Compiled variants report the phase peaks only: what a
+compiled graph saves is decided inside AOTAutograd, out of reach of saved-tensor hooks.
 
     python benchmarks/cuda/memory_breakdown.py --out /tmp/memory.json
 """
@@ -41,6 +43,7 @@ def _measure(variant: str) -> dict:
     opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
 
+    compiled = variant.endswith("compile")
     stack: list[str] = ["<outside modules>"]
     handles = []
 
@@ -51,7 +54,7 @@ def _measure(variant: str) -> dict:
     def leave(module, args, output):
         stack.pop()
 
-    for module in model.modules():
+    for module in () if compiled else model.modules():
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
     saved: dict[str, int] = collections.Counter()
@@ -66,8 +69,11 @@ def _measure(variant: str) -> dict:
 
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    if compiled:
         loss = runner(input_ids=batch, labels=batch).loss
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = runner(input_ids=batch, labels=batch).loss
     torch.cuda.synchronize()
     after_forward = torch.cuda.memory_allocated()
     peak_forward = torch.cuda.max_memory_allocated()
