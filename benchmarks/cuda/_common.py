@@ -37,3 +37,10 @@ def environment() -> dict:
 def write_json(path: pathlib.Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def bench(fn, *, rep: int = 200) -> float:
+    """Median microseconds of ``fn`` under ``triton.testing.do_bench`` (L2 flushed between calls, host included)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3

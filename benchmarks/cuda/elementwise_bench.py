@@ -13,17 +13,13 @@ import argparse
 import pathlib
 
 import torch
-import triton.testing
+from _common import bench
 from _common import environment
 from _common import write_json
 from kernels_triton import _gated
 from kernels_triton import _native
 from kernels_triton import _rope
 from kernels_triton import _triton
-
-
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
 
 
 def _fwd_bwd(fn, inputs):

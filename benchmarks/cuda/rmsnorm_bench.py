@@ -19,7 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-import triton.testing
+from _common import bench
 from _common import environment
 from _common import write_json
 from kernels_cuda import _ops
@@ -43,10 +43,6 @@ SHAPES = [
     (65536, 2048),
     (32768, 8192),
 ]
-
-
-def bench(fn, *, rep=200):
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # microseconds
 
 
 _FLUSH = None
