@@ -42,7 +42,8 @@ def tests(session: nox.Session, vendor: str) -> None:
         session.error(f"package folders missing for vendor {vendor!r}: {missing}")
     if session.venv_backend != "none":
         session.install("pytest>=8", *installs)
-    session.run("python", "-m", "pytest", *test_dirs, "-p", "no:cacheprovider", *session.posargs)
+    # -rs: every skipped test says why (GPU tests on CPU-only CI, for one).
+    session.run("python", "-m", "pytest", *test_dirs, "-p", "no:cacheprovider", "-rs", *session.posargs)
 
 
 @nox.session

@@ -42,7 +42,7 @@ if [[ " $STAGES " == *" nox "* ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/noxsite .whl/nox/*.whl \
     && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
     && PYTHONPATH=/tmp/noxsite:$PYTHONPATH timeout ${TEST_TIMEOUT:-540} python3 -m nox --no-venv --no-install \
-         -s "tests(vendor='cuda')" -- -q -rs --tb=short ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/nox-cuda.txt" | tail -40
+         -s "tests(vendor='cuda')" -- -q --tb=short ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/nox-cuda.txt" | tail -40
 fi
 if [[ " $STAGES " == *" rmsnorm "* ]]; then
   log rmsnorm
