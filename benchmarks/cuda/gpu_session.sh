@@ -2,6 +2,8 @@
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
 # space-separated subset of: probe report memory tests nox rmsnorm elementwise qwen3 portable
+# Knobs: MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_TIMEOUT,
+# PYTEST_ARGS.
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -26,7 +28,8 @@ if [[ " $STAGES " == *" report "* ]]; then
 fi
 if [[ " $STAGES " == *" memory "* ]]; then
   log memory
-  timeout 300 python3 benchmarks/cuda/memory_breakdown.py --out "$OUT/cuda-memory.json" 2>&1 | tee -a "$OUT/log.txt"
+  timeout 300 python3 benchmarks/cuda/memory_breakdown.py --out "$OUT/cuda-memory.json" \
+    --variants "${MEMORY_VARIANTS:-eager,liger,kernelize}" 2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" tests "* ]]; then
   log tests
@@ -56,7 +59,7 @@ fi
 if [[ " $STAGES " == *" qwen3 "* ]]; then
   log qwen3
   timeout ${QWEN3_TIMEOUT:-400} python3 benchmarks/cuda/qwen3_bench.py --out "$OUT/cuda-qwen3.json" \
-    --variants "${QWEN3_VARIANTS:-eager,liger,torch_compile,kernelize,kernelize_compile}" 2>&1 | tee -a "$OUT/log.txt"
+    --variants "${QWEN3_VARIANTS:-eager,liger,torch_compile,kernelize,kernelize_compile}" ${QWEN3_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" portable "* ]] && [[ -f benchmarks/portable_memory.py ]]; then
   log portable

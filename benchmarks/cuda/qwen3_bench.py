@@ -73,7 +73,25 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
     return model, how
 
 
-def train(variant: str, steps: int, warmup: int) -> dict:
+def _profile_step(step) -> list[dict]:
+    """GPU time per kernel name over one training step, largest first: where a variant's step time goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = [
+        {"kernel": event.key[:120], "calls": event.count, "gpu_ms": round(event.device_time_total / 1e3, 3)}
+        for event in prof.key_averages()
+        if event.device_time_total > 0
+    ]
+    rows.sort(key=lambda row: -row["gpu_ms"])
+    total = sum(row["gpu_ms"] for row in rows)
+    return [{"kernel": "<all kernels>", "calls": sum(r["calls"] for r in rows), "gpu_ms": round(total, 3)}] + rows[:40]
+
+
+def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> dict:
     model = build()
     model.train()
     runner, how = prepare(model, variant, training=True)
@@ -106,6 +124,8 @@ def train(variant: str, steps: int, warmup: int) -> dict:
         "losses": losses,
         "binding": how,
     }
+    if profile:
+        result["profile_one_step"] = _profile_step(step)
     torch.cuda.empty_cache()
     return result
 
@@ -133,10 +153,10 @@ def prefill(variant: str, reps: int) -> dict:
     return {"prefill_ms": times[len(times) // 2], "prefill_binding": how}
 
 
-def child(variant: str, out: pathlib.Path, steps: int) -> None:
+def child(variant: str, out: pathlib.Path, steps: int, *, profile: bool) -> None:
     result = {"variant": variant}
     try:
-        result.update(train(variant, steps=steps, warmup=3))
+        result.update(train(variant, steps=steps, warmup=3, profile=profile))
     except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report
         result["train_error"] = f"{type(exc).__name__}: {exc}"[:2000]
         result["train_traceback"] = traceback.format_exc()[-4000:]
@@ -153,11 +173,12 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--timeout", type=int, default=240)
+    parser.add_argument("--profile", action="store_true", help="also record GPU time per kernel of one train step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.child_out, args.steps)
+        child(args.child, args.child_out, args.steps, profile=args.profile)
         return
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _common import environment
@@ -167,6 +188,7 @@ def main() -> None:
     for variant in args.variants.split(","):
         tmp = args.out.with_name(f".{variant}.json")
         cmd = [sys.executable, __file__, "--child", variant, "--child-out", str(tmp), "--steps", str(args.steps)]
+        cmd += ["--profile"] if args.profile else []
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
             row = json.loads(tmp.read_text()) if tmp.exists() else {"variant": variant}
@@ -176,7 +198,10 @@ def main() -> None:
             row = {"variant": variant, "process_error": f"timed out after {args.timeout}s"}
         tmp.unlink(missing_ok=True)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("losses", "train_traceback")}), flush=True)
+        hidden = ("losses", "train_traceback", "profile_one_step")
+        print(json.dumps({k: v for k, v in row.items() if k not in hidden}), flush=True)
+        for kernel in row.get("profile_one_step", [])[:15]:
+            print(f"    {kernel['gpu_ms']:9.3f} ms {kernel['calls']:6d}x  {kernel['kernel'][:90]}", flush=True)
     write_json(
         args.out,
         {
