@@ -2,8 +2,8 @@
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
 # space-separated subset of: probe report memory tests nox rmsnorm elementwise qwen3 portable
-# Knobs: MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_TIMEOUT,
-# PYTEST_ARGS.
+# Knobs: MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
+# (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS.
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -34,7 +34,7 @@ fi
 if [[ " $STAGES " == *" tests "* ]]; then
   log tests
   for pkg in ${TEST_PKGS:-plugins-cuda triton-adapters}; do
-    (cd $pkg && timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs --tb=short tests -p no:cacheprovider) 2>&1 \
+    (cd $pkg && timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs --tb=short ${TEST_PATHS:-tests} -p no:cacheprovider) 2>&1 \
       | tee -a "$OUT/pytest.txt" | tail -25
   done
 fi

@@ -2,6 +2,10 @@
 kernelize + torch.compile, each variant in a fresh process (Liger's patching is process-global).
 
     python benchmarks/cuda/qwen3_bench.py --out benchmarks/results/cuda-qwen3-h100.json
+
+For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
+RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only), ``+chunkN`` runs Liger's fused loss with
+``chunk_mem_const=N``; e.g. ``kernelize_compile+native+chunk8``.
 """
 
 from __future__ import annotations
@@ -50,8 +54,27 @@ def build(seed: int = 0):
     return model
 
 
+_NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "native_norm": ("rms_norm",)}
+
+
+def _kernelize_config(modifiers: list[str]) -> dict:
+    kinds: dict = {}
+    for modifier in modifiers:
+        if modifier in _NATIVE_KINDS:
+            for kind in _NATIVE_KINDS[modifier]:
+                kinds[kind] = {"prefer": {"cuda": [f"cuda.{kind}.torch"]}}
+        elif modifier.startswith("chunk"):
+            from kernels_triton import _loss
+
+            _loss._CHUNK_MEM_CONST = _loss._COMPILE_CHUNK_MEM_CONST = int(modifier.removeprefix("chunk"))
+        else:
+            raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm or chunk<N>")
+    return {"kinds": kinds}
+
+
 def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
     how = ""
+    variant, *modifiers = variant.split("+")
     if variant.startswith("liger"):
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3
 
@@ -62,7 +85,7 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
         mode = kernels_core.Mode.TRAINING if training else kernels_core.Mode.INFERENCE
         if variant.endswith("compile"):
             mode |= kernels_core.Mode.TORCH_COMPILE
-        kernels_core.kernelize(model, mode=mode)
+        kernels_core.kernelize(model, mode=mode, config=_kernelize_config(modifiers))
         report = kernels_core.get_report(model)
         if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
             # Without installed entry points only the core's plugins load: refuse to time a silent no-op.

@@ -13,6 +13,22 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="session")
+def triton_kernels():
+    """``kernels_triton._triton_kernels``, ready to run here: compiled for the GPU, or in Triton's interpreter."""
+    pytest.importorskip("triton", reason="this package's own kernels need Triton (installed with liger-kernel)")
+    import importlib
+
+    from kernels_triton import _triton_kernels
+
+    if not torch.cuda.is_available():
+        if not _triton_kernels._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
+            # Imported before TRITON_INTERPRET was set (another test module got there first): decorate again.
+            importlib.reload(_triton_kernels)
+        _triton_kernels._sm_count = lambda index: 4  # no device to ask; any program count is correct
+    return _triton_kernels
+
+
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA build of torch); CI is CPU-only"
 )

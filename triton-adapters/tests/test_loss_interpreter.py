@@ -25,13 +25,14 @@ def _inputs(seed=0):
     return x, w, labels
 
 
+@pytest.mark.parametrize("chunk_mem_const", [1, 2, 64], ids=lambda c: f"chunk_mem_const={c}")
 @pytest.mark.parametrize("upstream", [1.0, 3.0, -0.5])
-def test_interpreter_custom_op_scales_stored_gradients_by_the_upstream_gradient(upstream):
+def test_interpreter_custom_op_scales_stored_gradients_by_the_upstream_gradient(upstream, chunk_mem_const):
     from kernels_triton import _loss
 
     x, w, labels = _inputs()
     xo, wo = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    loss, *_ = _loss._flce(xo, wo, labels, None, -100, 0.0, "mean", True, True)
+    loss, *_ = _loss._flce(xo, wo, labels, None, -100, 0.0, "mean", True, True, chunk_mem_const)
     (loss * upstream).backward()
     xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     ref = F.cross_entropy(xe @ we.T, labels, ignore_index=-100)
@@ -46,7 +47,7 @@ def test_interpreter_second_backward_through_the_same_graph_raises_instead_of_sc
 
     x, w, labels = _inputs(1)
     loss, *_ = _loss._flce(x.requires_grad_(True), w.requires_grad_(True), labels, None, -100, 0.0, "mean", True,
-                           True)
+                           True, 2)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()

@@ -8,8 +8,6 @@ kernels' arithmetic, masking and strides, not their speed or GPU-specific behavi
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from conftest import DTYPES
@@ -26,18 +24,13 @@ WHERE = "cuda" if ON_GPU else "interpreter"
 
 
 @pytest.fixture(scope="module")
-def kernels():
+def kernels(triton_kernels):
     """The kernel functions: adapters on a GPU, the raw kernels in the interpreter on CPU."""
-    from kernels_triton import _triton_kernels
-
-    if not ON_GPU and not _triton_kernels._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
-        # Imported before TRITON_INTERPRET was set (another test module got there first): decorate again.
-        importlib.reload(_triton_kernels)
+    _triton_kernels = triton_kernels
     if ON_GPU:
         from kernels_triton import _triton
 
         return _triton
-    _triton_kernels._sm_count = lambda index: 4  # no device to ask; any program count is correct
 
     class Raw:
         @staticmethod

@@ -37,6 +37,7 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None
         return _NOTHING_TO_SWITCH
     import torch
 
-    if torch.cuda.device_count() < 2:
+    if torch.cuda.device_count() < 2 or torch.compiler.is_compiling():
+        # While Dynamo traces, the kernels are custom ops that enter this context themselves when they run.
         return _NOTHING_TO_SWITCH
     return torch.cuda.device(device)

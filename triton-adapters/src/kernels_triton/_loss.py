@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._compile import tracing
 from ._device import on_device_of
 
 
@@ -24,6 +25,9 @@ _EMPTY = (0,)
 # 143 ms Qwen3-0.6B training step. 2 halves the re-reads for one more 64-token chunk of logits (19 MiB there),
 # which stays under the backward pass's peak, so the training peak does not move.
 _CHUNK_MEM_CONST = 2
+# Under torch.compile the target is throughput at a peak under the memory of compile alone (which materialises
+# the logits), so the chunks are larger there. Chosen from benchmarks/results/cuda-qwen3-h200.json.
+_COMPILE_CHUNK_MEM_CONST = 2
 
 
 @torch.library.custom_op("kernels_triton::fused_linear_cross_entropy", mutates_args=())
@@ -37,6 +41,7 @@ def _flce(
     reduction: str,
     grad_hidden: bool,
     grad_weight: bool,
+    chunk_mem_const: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 
@@ -52,7 +57,7 @@ def _flce(
             softcap=softcap if softcap > 0.0 else None,
             compute_gradients=needs_grad,
             weight_requires_grad=grad_weight,
-            chunk_mem_const=_CHUNK_MEM_CONST,
+            chunk_mem_const=chunk_mem_const,
         )
     # Custom-op outputs may not alias each other: one fresh empty tensor per unused slot.
     return (
@@ -74,6 +79,7 @@ def _flce_fake(
     reduction: str,
     grad_hidden: bool,
     grad_weight: bool,
+    chunk_mem_const: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return (
         hidden_states.new_empty((), dtype=torch.float32),
@@ -85,7 +91,7 @@ def _flce_fake(
 
 def _setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
     _, g_hidden, g_weight, g_bias = output
-    hidden_states, weight, _, bias, _, _, _, grad_hidden, grad_weight = inputs
+    hidden_states, weight, _, bias, _, _, _, grad_hidden, grad_weight, _ = inputs
     ctx.flags = (grad_hidden, grad_weight, bias is not None and grad_weight)  # type: ignore[attr-defined]
     ctx.save_for_backward(g_hidden, g_weight, g_bias)  # type: ignore[attr-defined]
     # The stored gradients are outputs only to carry them to backward; nothing differentiates through them.
@@ -113,6 +119,7 @@ def _backward(ctx: object, grad_loss: torch.Tensor, *_: torch.Tensor) -> tuple:
         _scale(g_weight, grad_loss, in_place=in_place) if want_weight else None,
         None,
         _scale(g_bias, grad_loss, in_place=in_place) if want_bias else None,
+        None,
         None,
         None,
         None,
@@ -157,9 +164,10 @@ def fused_linear_cross_entropy(
     grad_hidden = grad_on and hidden_states.requires_grad
     grad_weight = grad_on and (weight.requires_grad or (bias is not None and bias.requires_grad))
     reduction = "mean" if num_items_in_batch is None else "sum"
+    chunk_mem_const = _COMPILE_CHUNK_MEM_CONST if tracing() else _CHUNK_MEM_CONST
     loss, _, _, _ = _flce(
         hidden_states, weight, labels, bias, int(ignore_index), float(softcap or 0.0), reduction, grad_hidden,
-        grad_weight,
+        grad_weight, chunk_mem_const,
     )
     if num_items_in_batch is None:
         return loss

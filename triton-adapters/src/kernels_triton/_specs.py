@@ -76,23 +76,24 @@ LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
 }
 
 # This package's own Triton kernels (``_triton_kernels``): one launch per direction and a thin Python side, for
-# the memory-bound kinds where Liger's host-side costs dominate at transformer sizes. Declared without
-# TORCH_COMPILE for the same reason as Liger's: under compile, Inductor's fusion of the native math wins.
+# the memory-bound kinds where Liger's host-side costs dominate at transformer sizes. Under torch.compile they
+# are traced as torch.library custom ops (``_triton_ops``): opaque to Inductor, saving what they save eagerly.
+_TRITON = Supports.BACKWARD | Supports.TORCH_COMPILE
 TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rms_norm": AdapterEntry(
-        "rms_norm", ("standard", "offset"), f"{_PKG}._triton:rms_norm", Supports.BACKWARD,
+        "rms_norm", ("standard", "offset"), f"{_PKG}._triton:rms_norm", _TRITON,
         "Triton RMSNorm, one launch per direction (llama/gemma casting; saves x and a float32 rstd per row)",
     ),
     "silu_gated_mlp": AdapterEntry(
-        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:silu_mul", Supports.BACKWARD,
+        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:silu_mul", _TRITON,
         "Triton SiLU(gate) * up, one launch (saves only gate and up)",
     ),
     "gelu_gated_mlp": AdapterEntry(
-        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:gelu_tanh_mul", Supports.BACKWARD,
+        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:gelu_tanh_mul", _TRITON,
         "Triton GELU-tanh(gate) * up, one launch (saves only gate and up)",
     ),
     "rotary_embedding": AdapterEntry(
-        "rotary_embedding", ("full", "partial"), f"{_PKG}._triton:rotary_embedding", Supports.BACKWARD,
+        "rotary_embedding", ("full", "partial"), f"{_PKG}._triton:rotary_embedding", _TRITON,
         "Triton RoPE, q and k in one launch (inputs never modified)",
     ),
 }

@@ -3,11 +3,15 @@
 Importing this module imports Triton, so a host without it fails at kernel load time and kernelize falls back
 to the next kernel (the report says why), instead of failing at the first call. Each adapter checks that the
 kernel reproduces the eager module for the inputs at hand and otherwise takes the native math: CPU tensors,
-dtype promotion the kernel does not reproduce, layouts it does not take, and Dynamo tracing (under
-``torch.compile`` Inductor fuses the native math with its neighbours).
+dtype promotion the kernel does not reproduce, layouts it does not take. Eagerly the kernels run through
+``autograd.Function`` s (the cheapest call); while Dynamo traces (``torch.compile``) the same kernels are called
+through their ``torch.library`` custom ops (:mod:`kernels_triton._triton_ops`), which Dynamo records as opaque
+graph nodes.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 
@@ -20,6 +24,15 @@ from ._device import on_device_of
 __all__ = ["gelu_tanh_mul", "rms_norm", "rms_norm_supported", "rotary_embedding", "silu_mul"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _kernels() -> ModuleType:
+    """The eager entry points, or (while Dynamo traces) the same kernels as custom ops; same signatures."""
+    if tracing():
+        from . import _triton_ops
+
+        return _triton_ops
+    return _triton_kernels
 
 
 def rms_norm_supported(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
@@ -54,10 +67,10 @@ def rms_norm(
         >>> rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([4, 64])
     """
-    if tracing() or not rms_norm_supported(hidden_states, weight, casting=casting):
+    if not rms_norm_supported(hidden_states, weight, casting=casting):
         return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     with on_device_of(hidden_states):
-        return _triton_kernels.rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
+        return _kernels().rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
 
 
 def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -70,7 +83,6 @@ def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
         and gate.shape == up.shape
         and gate.is_contiguous()
         and up.is_contiguous()
-        and not tracing()
     )
 
 
@@ -78,7 +90,7 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     if not _gated_ok(gate, up):
         return _native.gelu_tanh_mul(gate, up) if gelu else _native.silu_mul(gate, up)
     with on_device_of(gate):
-        return _triton_kernels.gated_activation(gate, up, gelu=gelu)
+        return _kernels().gated_activation(gate, up, gelu=gelu)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -120,7 +132,6 @@ def _rotary_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         and cos.stride(-1) == 1
         and sin.stride() == cos.stride()
         and not (cos.requires_grad or sin.requires_grad)
-        and not tracing()
     )
 
 
@@ -142,6 +153,6 @@ def rotary_embedding(
         return _native.rotary_embedding(q, k, cos, sin, unsqueeze_dim)
     with on_device_of(q):
         if unsqueeze_dim == 2:
-            q_out, k_out = _triton_kernels.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q_out, k_out = _kernels().rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             return q_out.transpose(1, 2), k_out.transpose(1, 2)
-        return _triton_kernels.rotary(q, k, cos, sin)
+        return _kernels().rotary(q, k, cos, sin)

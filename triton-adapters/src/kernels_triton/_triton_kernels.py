@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 
-__all__ = ["gated_activation", "rms_norm", "rotary"]
+__all__ = ["gated_activation", "gated_backward", "gated_forward", "rms_norm", "rms_norm_backward",
+           "rms_norm_forward", "rotary", "rotary_launch"]
 
 # Rows longer than this do not fit one block's registers; callers take the native path instead.
 MAX_RMS_NORM_COLS = 32768
@@ -180,8 +181,9 @@ _launch_rms_norm_fwd = _Launcher(_rms_norm_fwd_kernel)
 _launch_rms_norm_bwd = _Launcher(_rms_norm_bwd_kernel)
 
 
-def _rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
-                      store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
+                     store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward over contiguous rows ``x2`` ``[rows, cols]``: the output and, if asked, one float32 rstd per row."""
     n_rows, n_cols = x2.shape
     y = torch.empty_like(x2)
     rstd = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if store_rstd else None
@@ -196,7 +198,7 @@ def _rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, eps, offset, gemma):
-        y, rstd = _rms_norm_forward(x2, weight, eps, offset, gemma, store_rstd=True)
+        y, rstd = rms_norm_forward(x2, weight, eps, offset, gemma, store_rstd=True)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.offset, ctx.gemma = offset, gemma
         return y
@@ -204,22 +206,28 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
-        n_rows, n_cols = x2.shape
-        dy = dy.contiguous()
-        dx = torch.empty_like(x2)
-        block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
-        # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
-        # program to sum afterwards instead of atomics (deterministic).
-        programs = max(1, min(2 * _sm_count(x2.device.index or 0), triton.cdiv(n_rows, block_m)))
-        rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
-        programs = triton.cdiv(n_rows, rows_per_program)
-        partial = torch.empty(programs, n_cols, device=x2.device, dtype=torch.float32)
-        _launch_rms_norm_bwd(
-            programs, dy, x2, weight, rstd, dx, partial, n_rows, ctx.offset, rows_per_program, n_cols, ctx.gemma,
-            ctx.offset != 0.0, block_m, block_n, num_warps=num_warps,
-        )
-        dw = partial.sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.gemma, want_dw=ctx.needs_input_grad[1])
         return dx, dw, None, None, None
+
+
+def rms_norm_backward(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
+                      gemma: bool, *, want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients of the input rows and (if ``want_dw``) of the weight, from the saved rows and their rstd."""
+    n_rows, n_cols = x2.shape
+    dy = dy.contiguous()
+    dx = torch.empty_like(x2)
+    block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
+    # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
+    # program to sum afterwards instead of atomics (deterministic).
+    programs = max(1, min(2 * _sm_count(x2.device.index or 0), triton.cdiv(n_rows, block_m)))
+    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
+    programs = triton.cdiv(n_rows, rows_per_program)
+    partial = torch.empty(programs, n_cols, device=x2.device, dtype=torch.float32)
+    _launch_rms_norm_bwd(
+        programs, dy, x2, weight, rstd, dx, partial, n_rows, offset, rows_per_program, n_cols, gemma,
+        offset != 0.0, block_m, block_n, num_warps=num_warps,
+    )
+    return dx, (partial.sum(0).to(weight.dtype) if want_dw else None)
 
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
@@ -235,7 +243,7 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
         y = _RMSNorm.apply(x2, weight, float(eps), float(offset), gemma)
     else:
-        y, _ = _rms_norm_forward(x2, weight, float(eps), float(offset), gemma, store_rstd=False)
+        y, _ = rms_norm_forward(x2, weight, float(eps), float(offset), gemma, store_rstd=False)
     return y.view(hidden_states.shape)
 
 
@@ -305,8 +313,9 @@ def _rotary_kernel(
 _launch_rotary = _Launcher(_rotary_kernel)
 
 
-def _rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch rotating q and k (``backward``: by the inverse rotation, which is the gradient); new outputs."""
     batch, n_q_heads, n_seq, head_dim = q.shape
     n_k_heads = k.shape[1]
     rotary_dim = cos.shape[-1]
@@ -332,14 +341,14 @@ class _Rotary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
         ctx.save_for_backward(cos, sin)
-        return _rotary_launch(q, k, cos, sin, backward=False)
+        return rotary_launch(q, k, cos, sin, backward=False)
 
     @staticmethod
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
         dq = dq if dq.stride(-1) == 1 else dq.contiguous()
         dk = dk if dk.stride(-1) == 1 else dk.contiguous()
-        dq_in, dk_in = _rotary_launch(dq, dk, cos, sin, backward=True)
+        dq_in, dk_in = rotary_launch(dq, dk, cos, sin, backward=True)
         return dq_in, dk_in, None, None
 
 
@@ -352,7 +361,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     """
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return _Rotary.apply(q, k, cos, sin)
-    return _rotary_launch(q, k, cos, sin, backward=False)
+    return rotary_launch(q, k, cos, sin, backward=False)
 
 
 # --------------------------------------------------------------------------------------------- gated MLPs
@@ -424,7 +433,8 @@ _launch_gated_fwd = _Launcher(_gated_fwd_kernel)
 _launch_gated_bwd = _Launcher(_gated_bwd_kernel)
 
 
-def _gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
+def gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """``act(gate) * up`` into a new tensor, for contiguous same-shape, same-dtype operands."""
     out = torch.empty_like(gate)
     n = gate.numel()
     _launch_gated_fwd(triton.cdiv(n, _GATED_BLOCK), gate, up, out, n, gelu, _GATED_BLOCK, n % _GATED_BLOCK == 0,
@@ -440,26 +450,33 @@ class _Gated(torch.autograd.Function):
         # Only intermediate results of the graph (not a caller's leaf tensors, not views into other tensors) may
         # have their storage reused for the gradients in backward.
         ctx.reuse = all(t.grad_fn is not None and t._base is None for t in (gate, up))
-        return _gated_forward(gate, up, gelu)
+        return gated_forward(gate, up, gelu)
 
     @staticmethod
     def backward(ctx, dout):
         gate, up = ctx.saved_tensors
-        dout = dout.contiguous()
         # The gradients overwrite the saved gate and up (each element is read before it is written), as Liger
         # does: two fewer [tokens, intermediate] tensors while the backward of the MLP runs. Bumping their version
         # makes any other autograd node that saved the same tensors raise instead of reading gradients.
-        n = gate.numel()
-        dgate, dup = (gate, up) if ctx.reuse else (torch.empty_like(gate), torch.empty_like(up))
-        _launch_gated_bwd(triton.cdiv(n, _GATED_BLOCK), dout, gate, up, dgate, dup, n, ctx.gelu, _GATED_BLOCK,
-                          n % _GATED_BLOCK == 0, num_warps=4)
+        dgate, dup = gated_backward(dout, gate, up, ctx.gelu, into_inputs=ctx.reuse)
         if ctx.reuse:
             torch.autograd.graph.increment_version((gate, up))
         return dgate, dup, None
+
+
+def gated_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gelu: bool, *,
+                   into_inputs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of gate and up; ``into_inputs`` writes them over gate and up themselves."""
+    dout = dout.contiguous()
+    n = gate.numel()
+    dgate, dup = (gate, up) if into_inputs else (torch.empty_like(gate), torch.empty_like(up))
+    _launch_gated_bwd(triton.cdiv(n, _GATED_BLOCK), dout, gate, up, dgate, dup, n, gelu, _GATED_BLOCK,
+                      n % _GATED_BLOCK == 0, num_warps=4)
+    return dgate, dup
 
 
 def gated_activation(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     """``act(gate) * up`` for contiguous same-shape, same-dtype tensors; saves only gate and up for backward."""
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return _Gated.apply(gate, up, gelu)
-    return _gated_forward(gate, up, gelu)
+    return gated_forward(gate, up, gelu)
