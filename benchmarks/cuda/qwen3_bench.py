@@ -135,8 +135,10 @@ def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> di
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
+    ends = []
     for _ in range(steps):
         loss = step()
+        ends.append(time.perf_counter())  # when the host is done queueing: a one-off stall shows here
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     losses.append(loss.item())
@@ -146,7 +148,14 @@ def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> di
         "train_peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses,
         "binding": how,
+        "host_queue_ms_each": [round(1e3 * (b - a), 2) for a, b in zip([start, *ends[:-1]], ends, strict=True)],
     }
+    if variant.split("+")[0].endswith("compile"):
+        from torch._dynamo.utils import counters
+
+        # A graph break splits the model into several compiled graphs, each resumed from Python: worth knowing.
+        result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+        result["dynamo_unique_graphs"] = counters["stats"]["unique_graphs"]
     if profile:
         result["profile_one_step"] = _profile_step(step)
     torch.cuda.empty_cache()
@@ -221,7 +230,7 @@ def main() -> None:
             row = {"variant": variant, "process_error": f"timed out after {args.timeout}s"}
         tmp.unlink(missing_ok=True)
         rows.append(row)
-        hidden = ("losses", "train_traceback", "profile_one_step")
+        hidden = ("losses", "train_traceback", "profile_one_step", "host_queue_ms_each")
         print(json.dumps({k: v for k, v in row.items() if k not in hidden}), flush=True)
         for kernel in row.get("profile_one_step", [])[:15]:
             print(f"    {kernel['gpu_ms']:9.3f} ms {kernel['calls']:6d}x  {kernel['kernel'][:90]}", flush=True)

@@ -127,16 +127,28 @@ def test_logits_grads_and_training_track_eager(family):
     assert "forward" not in ours.model.norm.__dict__
 
 
+# Both compile-capable families of the elementwise and norm kinds: kernels-triton's kernels as custom ops (the
+# default under compile where priorities pick them) and the native ops Inductor fuses (chosen by configuration).
+_NATIVE_UNDER_COMPILE = {kind: {"prefer": {"cuda": [f"cuda.{kind}.torch"]}}
+                         for kind in ("rms_norm", "rotary_embedding", "silu_gated_mlp", "gelu_gated_mlp")}
+
+
+@pytest.mark.parametrize("kernels", ["default", "native"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2"])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "inference"])
-def test_torch_compile_fullgraph_on_kernelized_model(family, training):
+def test_torch_compile_fullgraph_on_kernelized_model(family, training, kernels):
     import kernels_core
+    from kernels_cuda import cuda_kernel_specs
 
     torch._dynamo.reset()
     eager = _model(family)
     mode = (kernels_core.Mode.TRAINING if training else kernels_core.Mode.INFERENCE) | kernels_core.Mode.TORCH_COMPILE
-    ours = kernels_core.kernelize(copy.deepcopy(eager), mode=mode)
-    assert _applied(ours).get("rms_norm") == "cuda.rms_norm.torch"
+    config = {"kinds": _NATIVE_UNDER_COMPILE} if kernels == "native" else None
+    ours = kernels_core.kernelize(copy.deepcopy(eager), mode=mode, config=config)
+    compile_safe = [s for s in cuda_kernel_specs()
+                    if s.kind == "rms_norm" and s.supports & kernels_core.Supports.TORCH_COMPILE]
+    expected = "cuda.rms_norm.torch" if kernels == "native" else max(compile_safe, key=lambda s: s.priority).id
+    assert _applied(ours).get("rms_norm") == expected
     compiled = torch.compile(ours, fullgraph=True)
     ids = _batch()
     if training:

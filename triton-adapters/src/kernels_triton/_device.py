@@ -37,7 +37,8 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None
         return _NOTHING_TO_SWITCH
     import torch
 
-    if torch.cuda.device_count() < 2 or torch.compiler.is_compiling():
-        # While Dynamo traces, the kernels are custom ops that enter this context themselves when they run.
+    # While Dynamo traces, the kernels are custom ops that enter this context themselves when they run; and
+    # device_count() there would break the graph (Dynamo does not trace calls returning plain ints).
+    if torch.compiler.is_compiling() or torch.cuda.device_count() < 2:
         return _NOTHING_TO_SWITCH
     return torch.cuda.device(device)
