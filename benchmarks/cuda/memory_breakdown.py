@@ -5,8 +5,9 @@ For one training step (after a warm-up step, so AdamW's states exist) it records
 forward (parameters + optimizer states), the bytes autograd saves for backward grouped by the module class that
 saved them (each storage counted once), and the peaks of the forward, the backward and the optimizer step.
 Each variant runs in a fresh process (Liger's patching is process-global). A diagnostic, not a benchmark: it
-explains the peak-memory column of ``qwen3_bench.py``. Compiled variants report the phase peaks only: what a
-compiled graph saves is decided inside AOTAutograd, out of reach of saved-tensor hooks.
+explains the peak-memory column of ``qwen3_bench.py``. Every variant also groups the saved bytes by tensor shape
+and dtype (parameters excluded); for compiled variants, whose saved tensors AOTAutograd decides out of reach of
+saved-tensor hooks, that grouping reads the compiled graph's backward node instead, and no per-module split.
 
     python benchmarks/cuda/memory_breakdown.py --out /tmp/memory.json
 """
@@ -43,7 +44,7 @@ def _measure(variant: str) -> dict:
     opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
 
-    compiled = variant.endswith("compile")
+    compiled = variant.split("+")[0].endswith("compile")
     stack: list[str] = ["<outside modules>"]
     handles = []
 
@@ -58,13 +59,15 @@ def _measure(variant: str) -> dict:
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
     saved: dict[str, int] = collections.Counter()
-    seen: set[int] = set()
+    by_shape: dict[str, int] = collections.Counter()
+    seen: set[int] = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         if t.device.type == "cuda" and storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             saved[stack[-1]] += storage.nbytes()
+            by_shape[f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"] += storage.nbytes()
         return t
 
     base = torch.cuda.memory_allocated()
@@ -74,6 +77,17 @@ def _measure(variant: str) -> dict:
     else:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = runner(input_ids=batch, labels=batch).loss
+    if compiled:
+        node, pending = None, [loss.grad_fn]
+        while pending and node is None:  # the compiled graph's backward node, a few steps up from the loss
+            candidate = pending.pop()
+            if candidate is not None and "Compiled" in type(candidate).__name__:
+                node = candidate
+            elif candidate is not None:
+                pending.extend(next_fn for next_fn, _ in candidate.next_functions)
+        for t in getattr(node, "saved_tensors", ()):
+            if isinstance(t, torch.Tensor):
+                pack(t)
     torch.cuda.synchronize()
     after_forward = torch.cuda.memory_allocated()
     peak_forward = torch.cuda.max_memory_allocated()
@@ -96,7 +110,8 @@ def _measure(variant: str) -> dict:
         "peak_forward_GiB": peak_forward / GIB,
         "peak_backward_GiB": peak_backward / GIB,
         "peak_optimizer_GiB": peak_optimizer / GIB,
-        "saved_for_backward_GiB_by_module": {k: round(v / GIB, 4) for k, v in saved.most_common()},
+        "saved_for_backward_GiB_by_module": {} if compiled else {k: round(v / GIB, 4) for k, v in saved.most_common()},
+        "saved_for_backward_GiB_by_shape": {k: round(v / GIB, 4) for k, v in by_shape.most_common()},
     }
 
 

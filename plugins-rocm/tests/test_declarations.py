@@ -105,9 +105,9 @@ def _best(kind, *, compile_mode):
 @pytest.mark.parametrize("kind,eager,compiled", [
     ("rms_norm", "rocm.rms_norm.torch", "rocm.rms_norm.torch"),
     ("layer_norm", "rocm.layer_norm.torch", "rocm.layer_norm.torch"),
-    ("silu_gated_mlp", "rocm.silu_gated_mlp.triton", "rocm.silu_gated_mlp.torch"),
-    ("gelu_gated_mlp", "rocm.gelu_gated_mlp.triton", "rocm.gelu_gated_mlp.torch"),
-    ("rotary_embedding", "rocm.rotary_embedding.triton", "rocm.rotary_embedding.torch"),
+    ("silu_gated_mlp", "rocm.silu_gated_mlp.triton", "rocm.silu_gated_mlp.triton"),
+    ("gelu_gated_mlp", "rocm.gelu_gated_mlp.triton", "rocm.gelu_gated_mlp.triton"),
+    ("rotary_embedding", "rocm.rotary_embedding.triton", "rocm.rotary_embedding.triton"),
     ("causal_lm_loss", "rocm.causal_lm_loss.liger", "rocm.causal_lm_loss.liger"),
     ("moe_experts", "rocm.moe_experts.liger", None),
 ])

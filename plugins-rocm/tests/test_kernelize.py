@@ -116,8 +116,8 @@ def test_torch_compile_mode_gets_compile_safe_kernels(simulate, pm):
     simulate("rocm", [MI300X])
     assert _chosen(_kernelized("llama", pm, mode=Mode.TRAINING | Mode.TORCH_COMPILE)) == {
         "rms_norm": {"rocm.rms_norm.torch"},
-        "silu_gated_mlp": {"rocm.silu_gated_mlp.torch"},
-        "rotary_embedding": {"rocm.rotary_embedding.torch"},
+        "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
+        "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
     }
 
