@@ -8,6 +8,8 @@ Each variant runs in a fresh process (Liger's patching is process-global). A dia
 explains the peak-memory column of ``qwen3_bench.py``. Every variant also groups the saved bytes by tensor shape
 and dtype (parameters excluded); for compiled variants, whose saved tensors AOTAutograd decides out of reach of
 saved-tensor hooks, that grouping reads the compiled graph's backward node instead, and no per-module split.
+Finally it replays the caching allocator's trace of each phase and lists what, allocated in that phase, was live
+at the phase's peak, grouped by the Python frames that allocated it.
 
     python benchmarks/cuda/memory_breakdown.py --out /tmp/memory.json
 """
@@ -26,6 +28,36 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 GIB = 2**30
+
+
+def _frames(frames: list[dict], depth: int = 4) -> str:
+    """The innermost Python frames of an allocation, skipping torch's own dispatch layers."""
+    skip = ("torch/_ops.py", "torch/_library/", "torch/utils/_", "torch/_compile.py", "torch/_dynamo/eval_frame")
+    kept = [f for f in frames if not any(part in f["filename"] for part in skip)]
+    return " < ".join(f"{'/'.join(f['filename'].split('/')[-2:])}:{f['line']}:{f['name']}" for f in kept[:depth])
+
+
+def _live_at_peak(snapshot: dict, *, top: int = 12) -> dict:
+    """Replay the allocator trace of the recorded phase: what was allocated in it and still live at its peak."""
+    live: dict[int, tuple[int, str]] = {}
+    total = best = 0
+    best_live: dict[int, tuple[int, str]] = {}
+    for event in snapshot["device_traces"][torch.cuda.current_device()]:
+        action, addr = event["action"], event["addr"]
+        if action == "alloc":
+            live[addr] = (event["size"], _frames(event.get("frames", [])))
+            total += event["size"]
+            if total > best:
+                best, best_live = total, dict(live)
+        elif action in ("free_requested", "free_completed") and addr in live:
+            total -= live.pop(addr)[0]
+    groups: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for size, where in best_live.values():
+        groups[where][0] += size
+        groups[where][1] += 1
+    ranked = sorted(groups.items(), key=lambda item: -item[1][0])[:top]
+    return {"allocated_in_phase_at_peak_GiB": round(best / GIB, 4),
+            "largest": [{"GiB": round(b / GIB, 4), "count": n, "where": w} for w, (b, n) in ranked]}
 
 
 def _measure(variant: str) -> dict:
@@ -71,6 +103,7 @@ def _measure(variant: str) -> dict:
         return t
 
     base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
     torch.cuda.reset_peak_memory_stats()
     if compiled:
         loss = runner(input_ids=batch, labels=batch).loss
@@ -91,10 +124,15 @@ def _measure(variant: str) -> dict:
     torch.cuda.synchronize()
     after_forward = torch.cuda.memory_allocated()
     peak_forward = torch.cuda.max_memory_allocated()
+    forward_trace = _live_at_peak(torch.cuda.memory._snapshot())
+    torch.cuda.memory._record_memory_history(enabled=None)
+    torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
     torch.cuda.reset_peak_memory_stats()
     loss.backward()
     torch.cuda.synchronize()
     peak_backward = torch.cuda.max_memory_allocated()
+    backward_trace = _live_at_peak(torch.cuda.memory._snapshot())
+    torch.cuda.memory._record_memory_history(enabled=None)
     torch.cuda.reset_peak_memory_stats()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -112,6 +150,8 @@ def _measure(variant: str) -> dict:
         "peak_optimizer_GiB": peak_optimizer / GIB,
         "saved_for_backward_GiB_by_module": {} if compiled else {k: round(v / GIB, 4) for k, v in saved.most_common()},
         "saved_for_backward_GiB_by_shape": {k: round(v / GIB, 4) for k, v in by_shape.most_common()},
+        "forward_peak_allocations": forward_trace,
+        "backward_peak_allocations": backward_trace,
     }
 
 
