@@ -5,7 +5,7 @@ kernelize + torch.compile, each variant in a fresh process (Liger's patching is 
 
 For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
 RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only), ``+chunkN`` runs Liger's fused loss with
-``chunk_mem_const=N``; e.g. ``kernelize_compile+native+chunk8``.
+token chunks of about N rows; e.g. ``kernelize_compile+native+chunk128``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         elif modifier.startswith("chunk"):
             from kernels_triton import _loss
 
-            _loss._CHUNK_MEM_CONST = _loss._COMPILE_CHUNK_MEM_CONST = int(modifier.removeprefix("chunk"))
+            _loss._CHUNK_TOKENS = int(modifier.removeprefix("chunk"))
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm or chunk<N>")
     return {"kinds": kinds}

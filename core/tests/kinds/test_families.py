@@ -107,6 +107,22 @@ def test_family_outputs_and_gradients_match_eager(family, dtype, ref_pm, calls):
     assert expected_kinds <= set(calls), f"{family}: kernels not called for {expected_kinds - set(calls)}"
 
 
+def test_fused_training_path_builds_no_kv_cache_unless_asked(ref_pm):
+    # A cache in a training step only holds every layer's keys and values alive through the loss (the step's peak
+    # memory); eagerly transformers builds one by default (config.use_cache).
+    model = tiny_causal_lm("qwen3")
+    model.config.use_cache = True  # transformers' default (the test helper turns it off)
+    ids = torch.randint(3, 100, (2, 11))
+    model.train()
+    assert model(input_ids=ids, labels=ids).past_key_values is not None, "eager default: a cache is built"
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    default = model(input_ids=ids, labels=ids)
+    assert default.logits is None and default.past_key_values is None
+    asked = model(input_ids=ids, labels=ids, use_cache=True)
+    assert asked.past_key_values is not None and asked.past_key_values.get_seq_length() == ids.shape[1]
+    assert_close(asked.loss, default.loss, dtype=torch.float32, what="loss with and without a cache")
+
+
 # Families beyond the required list: each is either handled with matching math or left alone with a reason.
 OTHER_FAMILIES = {
     "granite": {"causal_lm_loss": "declined"},      # logits_scaling post-processes the logits

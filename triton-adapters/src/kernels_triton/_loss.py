@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ._compile import tracing
 from ._device import on_device_of
 
 
@@ -20,14 +19,19 @@ __all__ = ["fused_linear_cross_entropy"]
 _EMPTY = (0,)
 
 # Liger sizes its token chunks so that one chunk's logits hold about chunk_mem_const x tokens x hidden elements.
-# Its default (1) gives 64-token chunks for a 151,936-token vocabulary, and every chunk re-reads the whole [V, H]
-# head weight three times (logits, input gradient, weight gradient): on the H200 that loop took ~40 ms of a
-# 143 ms Qwen3-0.6B training step. 2 halves the re-reads for one more 64-token chunk of logits (19 MiB there),
-# which stays under the backward pass's peak, so the training peak does not move.
-_CHUNK_MEM_CONST = 2
-# Under torch.compile the target is throughput at a peak under the memory of compile alone (which materialises
-# the logits), so the chunks are larger there. Chosen from benchmarks/results/cuda-qwen3-h200.json.
-_COMPILE_CHUNK_MEM_CONST = 2
+# Its default (1) gives 64-token chunks for Qwen3-0.6B's 151,936-token vocabulary and 8192-token batches, and every
+# chunk re-reads the whole [V, H] head weight three times (logits, input gradient, weight gradient) and reads and
+# writes the [V, H] weight gradient once more: matmuls too thin to be compute-bound. On the H200 that loop took
+# ~40 ms of a 143 ms training step with 64-token chunks, ~29 ms with 128-token chunks
+# (benchmarks/results/cuda-qwen3-h200-profile-before-custom-ops.json). About 1024 rows per chunk makes each matmul
+# compute-bound, for one chunk of logits of 1024 x V elements (297 MiB in bf16 there), which is live only inside
+# the loss, after the training-path KV cache is gone (see kernels_core's causal-LM adapter), below the step's peak.
+_CHUNK_TOKENS = 1024
+
+
+def _chunk_mem_const(n_tokens: int, vocab: int, hidden: int) -> int:
+    """Liger's ``chunk_mem_const`` that gives chunks of about ``_CHUNK_TOKENS`` rows (never below its default 1)."""
+    return max(1, (vocab * _CHUNK_TOKENS) // max(1, n_tokens * hidden))
 
 
 @torch.library.custom_op("kernels_triton::fused_linear_cross_entropy", mutates_args=())
@@ -164,7 +168,7 @@ def fused_linear_cross_entropy(
     grad_hidden = grad_on and hidden_states.requires_grad
     grad_weight = grad_on and (weight.requires_grad or (bias is not None and bias.requires_grad))
     reduction = "mean" if num_items_in_batch is None else "sum"
-    chunk_mem_const = _COMPILE_CHUNK_MEM_CONST if tracing() else _CHUNK_MEM_CONST
+    chunk_mem_const = _chunk_mem_const(hidden_states.shape[0], weight.shape[0], weight.shape[1])
     loss, _, _, _ = _flce(
         hidden_states, weight, labels, bias, int(ignore_index), float(softcap or 0.0), reduction, grad_hidden,
         grad_weight, chunk_mem_const,
