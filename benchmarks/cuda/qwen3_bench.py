@@ -11,6 +11,7 @@ token chunks of about N rows; e.g. ``kernelize_compile+native+chunk128``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -57,6 +58,11 @@ def build(seed: int = 0):
 _NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "native_norm": ("rms_norm",)}
 
 
+def _fixed_rows_chunks(rows: int, n_tokens: int, vocab: int, hidden: int, *, compiling: bool) -> int:
+    # Liger's chunk_mem_const for chunks of about `rows` rows in every mode (a tuning override).
+    return max(1, vocab * rows // (n_tokens * hidden))
+
+
 def _kernelize_config(modifiers: list[str]) -> dict:
     kinds: dict = {}
     for modifier in modifiers:
@@ -66,7 +72,7 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         elif modifier.startswith("chunk"):
             from kernels_triton import _loss
 
-            _loss._CHUNK_TOKENS = int(modifier.removeprefix("chunk"))
+            _loss._chunk_mem_const = functools.partial(_fixed_rows_chunks, int(modifier.removeprefix("chunk")))
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm or chunk<N>")
     return {"kinds": kinds}

@@ -1,7 +1,8 @@
 """The token-chunk size handed to Liger's fused linear cross-entropy (``kernels_triton._loss._chunk_mem_const``).
 
 Liger 0.8.5 sizes its chunks as ``next_power_of_2(ceil(BT / ceil(V / (chunk_mem_const * H))))`` rows, capped at
-BT; the adapter picks ``chunk_mem_const`` so that this lands near 1024 rows whatever the model's width.
+BT. Eagerly the adapter passes 2 (a peak equal to Liger's own, measured); under torch.compile it picks
+``chunk_mem_const`` so that this lands near 1024 rows whatever the model's width.
 """
 
 from __future__ import annotations
@@ -24,15 +25,21 @@ def _liger_chunk_rows(n_tokens: int, vocab: int, hidden: int, chunk_mem_const: i
     (16384, 256000, 2304),  # Gemma-2 2B
     (8192, 49152, 576),  # SmolLM2-135M
 ])
-def test_chunks_are_about_1024_rows(n_tokens, vocab, hidden):
-    rows = _liger_chunk_rows(n_tokens, vocab, hidden, _loss._chunk_mem_const(n_tokens, vocab, hidden))
+def test_compiled_chunks_are_about_1024_rows(n_tokens, vocab, hidden):
+    const = _loss._chunk_mem_const(n_tokens, vocab, hidden, compiling=True)
+    rows = _liger_chunk_rows(n_tokens, vocab, hidden, const)
     assert 512 <= rows <= 1024
     assert rows >= _liger_chunk_rows(n_tokens, vocab, hidden, 1), "never smaller chunks than Liger's default"
 
 
 @pytest.mark.parametrize(("n_tokens", "vocab", "hidden"), [(37, 101, 16), (1, 32000, 4096), (65536, 32000, 8192)])
 def test_small_batches_take_one_chunk_and_large_ones_keep_the_default(n_tokens, vocab, hidden):
-    const = _loss._chunk_mem_const(n_tokens, vocab, hidden)
+    const = _loss._chunk_mem_const(n_tokens, vocab, hidden, compiling=True)
     assert const >= 1
     rows = _liger_chunk_rows(n_tokens, vocab, hidden, const)
     assert rows == n_tokens or rows == _liger_chunk_rows(n_tokens, vocab, hidden, 1)
+
+
+def test_eager_chunks_keep_twice_liger_default_budget():
+    assert _loss._chunk_mem_const(8192, 151936, 1024, compiling=False) == 2
+    assert _liger_chunk_rows(8192, 151936, 1024, 2) == 128
