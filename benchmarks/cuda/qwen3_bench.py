@@ -58,9 +58,8 @@ def build(seed: int = 0):
 _NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "native_norm": ("rms_norm",)}
 
 
-def _fixed_rows_chunks(rows: int, n_tokens: int, vocab: int, hidden: int, *, compiling: bool) -> int:
-    # Liger's chunk_mem_const for chunks of about `rows` rows in every mode (a tuning override).
-    return max(1, vocab * rows // (n_tokens * hidden))
+def _as_compiled(sizing, n_tokens: int, vocab: int, hidden: int, *, compiling: bool) -> int:
+    return sizing(n_tokens, vocab, hidden, compiling=True)
 
 
 def _kernelize_config(modifiers: list[str]) -> dict:
@@ -72,7 +71,9 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         elif modifier.startswith("chunk"):
             from kernels_triton import _loss
 
-            _loss._chunk_mem_const = functools.partial(_fixed_rows_chunks, int(modifier.removeprefix("chunk")))
+            # The adapter's own compile-mode sizing, at N rows and in every mode (a tuning override).
+            _loss._COMPILE_CHUNK_TOKENS = int(modifier.removeprefix("chunk"))
+            _loss._chunk_mem_const = functools.partial(_as_compiled, _loss._chunk_mem_const)
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm or chunk<N>")
     return {"kinds": kinds}

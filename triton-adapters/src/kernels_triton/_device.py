@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+from ._compile import tracing
+
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +41,6 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None
 
     # While Dynamo traces, the kernels are custom ops that enter this context themselves when they run; and
     # device_count() there would break the graph (Dynamo does not trace calls returning plain ints).
-    if torch.compiler.is_compiling() or torch.cuda.device_count() < 2:
+    if tracing() or torch.cuda.device_count() < 2:
         return _NOTHING_TO_SWITCH
     return torch.cuda.device(device)

@@ -124,7 +124,7 @@ def _backward(ctx: object, grad_loss: torch.Tensor, *_: torch.Tensor) -> tuple:
     # memory; they belong to this node alone. The in-place write bumps their version, so a second backward through
     # the same graph (retain_graph=True) raises autograd's "modified by an inplace operation" error instead of
     # scaling twice. Traced backward graphs are functional, so there a copy is scaled.
-    in_place = not torch.compiler.is_compiling()
+    in_place = not tracing()
     return (
         _scale(g_hidden, grad_loss, in_place=in_place) if want_hidden else None,
         _scale(g_weight, grad_loss, in_place=in_place) if want_weight else None,

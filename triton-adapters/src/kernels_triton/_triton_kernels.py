@@ -25,7 +25,7 @@ import triton.language as tl
 
 
 __all__ = ["gated_activation", "gated_backward", "gated_forward", "rms_norm", "rms_norm_backward",
-           "rms_norm_forward", "rotary", "rotary_launch"]
+           "rms_norm_forward", "rotary", "rotary_launch", "unit_last_stride"]
 
 # Rows longer than this do not fit one block's registers; callers take the native path instead.
 MAX_RMS_NORM_COLS = 32768
@@ -313,6 +313,11 @@ def _rotary_kernel(
 _launch_rotary = _Launcher(_rotary_kernel)
 
 
+def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if its last dimension is dense (what the RoPE kernel needs), else a contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch rotating q and k (``backward``: by the inverse rotation, which is the gradient); new outputs."""
@@ -346,9 +351,7 @@ class _Rotary(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
-        dq = dq if dq.stride(-1) == 1 else dq.contiguous()
-        dk = dk if dk.stride(-1) == 1 else dk.contiguous()
-        dq_in, dk_in = rotary_launch(dq, dk, cos, sin, backward=True)
+        dq_in, dk_in = rotary_launch(unit_last_stride(dq), unit_last_stride(dk), cos, sin, backward=True)
         return dq_in, dk_in, None, None
 
 

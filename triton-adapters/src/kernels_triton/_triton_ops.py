@@ -29,9 +29,6 @@ from ._device import on_device_of
 
 __all__ = ["gated_activation", "rms_norm", "rotary"]
 
-def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
 
 # ------------------------------------------------------------------------------------------------------ RMSNorm
 
@@ -101,17 +98,17 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
 def _rotary_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    dense = _triton_kernels.unit_last_stride
     with on_device_of(q):
-        return _triton_kernels.rotary_launch(
-            _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(cos), _unit_last_stride(sin), backward
-        )
+        return _triton_kernels.rotary_launch(dense(q), dense(k), dense(cos), dense(sin), backward)
 
 
 @_rotary_op.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
       backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # The kernel writes outputs with the strides of the q and k it reads (empty_like keeps a dense layout's strides).
-    return torch.empty_like(_unit_last_stride(q)), torch.empty_like(_unit_last_stride(k))
+    dense = _triton_kernels.unit_last_stride
+    return torch.empty_like(dense(q)), torch.empty_like(dense(k))
 
 
 def _rotary_setup(ctx: object, inputs: tuple, output: tuple) -> None:
