@@ -23,6 +23,7 @@ from ._forward import ReroutedForward
 from ._forward import load_ref
 from ._kinds._context import BINDING_ATTR
 from ._kinds._context import MatchContext
+from ._kinds._context import forward_slot
 from ._kinds._context import module_device
 from ._kinds._context import param_dtype
 from ._manager import KernelsPluginManager
@@ -153,6 +154,10 @@ def _validate_binding(binding: object, module_name: str, kernel_id: str, plugin:
 
 
 def _apply(module: nn.Module, attributes: dict[str, object], kernels: tuple[tuple[str, str], ...]) -> None:
+    # Under accelerate's hooks the module's math lives in _old_forward, which the hook calls after moving the
+    # inputs: a kernel goes there, so the hooks keep running around it and unkernelize gives them back intact.
+    slot = forward_slot(module)
+    attributes = {(slot if attr == "forward" else attr): value for attr, value in attributes.items()}
     reserved = set(module._parameters) | set(module._buffers) | set(module._modules)
     clash = sorted(set(attributes) & reserved)
     if clash:

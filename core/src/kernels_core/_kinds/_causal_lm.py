@@ -18,6 +18,7 @@ from torch import nn
 from .._types import Decline
 from .._types import Match
 from ._context import MatchContext
+from ._context import dtensor_placements
 from ._context import plain_class_forward
 
 
@@ -94,12 +95,30 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
     lm_head = module.lm_head
     if not isinstance(lm_head, nn.Linear):
         return Decline("causal_lm_loss", f"lm_head is {type(lm_head).__name__}, not nn.Linear")
+    blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), sharded_by_fsdp=ctx.fsdp_managed(lm_head))
+    if blocker:
+        return Decline("causal_lm_loss", blocker)
     config = getattr(module, "config", None)
     softcap = getattr(config, "final_logit_softcapping", None) if template == "softcap" else None
     variant = "softcap" if softcap is not None else "standard"
     params = {"template": template, "softcap": softcap}
     return Match("causal_lm_loss", variant, params,
                  evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss")
+
+
+def _lm_head_blocker(lm_head: nn.Linear, config: object, *, sharded_by_fsdp: bool) -> str | None:
+    """Why the fused loss, which reads ``lm_head.weight`` directly, would not compute what ``lm_head(x)`` does."""
+    if lm_head._forward_hooks or lm_head._forward_pre_hooks:
+        # Tensor parallel gathers the vocabulary shards in such hooks; adapters and quantizers hook here too.
+        return "lm_head has forward hooks (tensor parallel, adapters?); the fused loss would bypass them"
+    placements = dtensor_placements(lm_head.weight)
+    # FSDP2 gathers lm_head's shards in the root's pre-forward hook, before the fused loss reads the weight.
+    if placements is not None and not sharded_by_fsdp:
+        return f"lm_head weight is a DTensor {placements} (tensor parallel); the fused loss needs the whole vocabulary"
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and lm_head.weight.shape[0] != vocab:
+        return f"lm_head has {lm_head.weight.shape[0]} rows for a vocabulary of {vocab} (sharded?)"
+    return None
 
 
 def _shift(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:

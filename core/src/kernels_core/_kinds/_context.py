@@ -3,12 +3,25 @@
 Probes run the module's *original* forward (the class forward, or what kernels-core replaced) on a few random
 rows under ``torch.no_grad()``, on the module's own device and dtype, with its real parameters. They never
 change the module.
+
+Two kinds of foreign wrapping are expected and composed with rather than refused:
+
+- accelerate's hooks (``device_map``, offloading) move the class forward to ``module._old_forward`` and put a
+  hook-calling partial in ``module.forward``. The math lives in ``_old_forward``, so that is what probes run and
+  what kernels replace; the hooks keep running around the kernel.
+- FSDP2 (``fully_shard``) keeps parameters as sharded DTensors between forwards. A probe unshards the FSDP units
+  that own the probed module's parameters (one all-gather, identical on every rank because every rank classifies
+  the same modules in the same order) and reshards them afterwards, so it sees the full tensors, in the dtype the
+  forward really uses (FSDP's mixed-precision ``param_dtype`` included).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,6 +30,10 @@ from torch import nn
 
 __all__ = [
     "MatchContext",
+    "accelerate_hooked",
+    "dtensor_placements",
+    "forward_slot",
+    "instance_override",
     "math_key",
     "close",
     "module_device",
@@ -46,9 +63,12 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def close(actual: object, expected: torch.Tensor, dtype: torch.dtype) -> bool:
+    # The dtype is part of the math: a kernel returns what the reference returns, and a module whose output dtype
+    # differs (a float32 result from a bfloat16 input) would break the next layer if its kernel did not.
     return (
         isinstance(actual, torch.Tensor)
         and actual.shape == expected.shape
+        and actual.dtype == expected.dtype
         and bool(torch.isfinite(actual).all())
         and rel_error(actual, expected) <= tolerance(dtype)
     )
@@ -81,6 +101,52 @@ def positional_arity(fn: Callable[..., Any]) -> tuple[int, bool]:
     return len(positional), any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+def accelerate_hooked(module: nn.Module) -> bool:
+    """Whether accelerate's ``add_hook_to_module`` wrapped this instance (the class forward is in ``_old_forward``)."""
+    namespace = module.__dict__
+    return "_hf_hook" in namespace and "_old_forward" in namespace
+
+
+def forward_slot(module: nn.Module) -> str:
+    """The instance attribute holding the module's own math: ``_old_forward`` under accelerate's hooks."""
+    return "_old_forward" if accelerate_hooked(module) else "forward"
+
+
+def instance_override(module: nn.Module) -> object | None:
+    """What replaced the class forward on this instance before kernels-core bound anything, or None.
+
+    accelerate's hook partial is not an override (the math is what it calls), and neither is the class forward
+    bound to the instance, which is what accelerate stores when it wraps a plain module.
+    """
+    slot = forward_slot(module)
+    record = module.__dict__.get(BINDING_ATTR)
+    value = record.previous.get(slot) if record is not None and slot in record.previous else module.__dict__.get(slot)
+    if value is None or (record is not None and value is record.MISSING):
+        return None
+    if getattr(value, "__self__", None) is module and getattr(value, "__func__", None) is type(module).forward:
+        return None
+    return value
+
+
+def dtensor_placements(tensor: object) -> str | None:
+    """The placements of a DTensor (tensor parallel or sharded), or None for a plain tensor."""
+    if "torch.distributed.tensor" not in sys.modules:  # nothing can be a DTensor before that is imported
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return str(tuple(tensor.placements)) if isinstance(tensor, DTensor) else None
+
+
+def _fsdp_module_type() -> type | None:
+    if "torch.distributed.fsdp" not in sys.modules:  # fully_shard imports it; nothing is FSDP-managed otherwise
+        return None
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch builds without distributed
+        return None
+    return FSDPModule
+
+
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -95,11 +161,8 @@ def math_key(module: nn.Module) -> tuple[object, ...]:
     """Identity of a module's math up to weight values (see :meth:`MatchContext.verdict`)."""
     parts: list[object] = []
     for name, child in module.named_modules():
-        override = child.__dict__.get("forward")
-        record = child.__dict__.get(BINDING_ATTR)
-        if record is not None:  # our own binding: the math is that of what it replaced
-            previous = record.previous.get("forward", record.MISSING)
-            override = None if previous is record.MISSING else previous
+        # Our own binding counts as what it replaced (instance_override reads the binding record).
+        override = instance_override(child)
         parts.append((name, type(child), _scalars(child), None if override is None else id(override)))
     for name, param in module.named_parameters():
         parts.append((name, tuple(param.shape), param.dtype, param.device))
@@ -121,17 +184,68 @@ class MatchContext:
         self.config = getattr(root, "config", None)
         self._seed = seed
         self._rotary_dims: set[int] | None = None
+        self._parents: dict[int, nn.Module] | None = None
         self.memo: dict[tuple[object, ...], Any] = {}
 
     def original_forward(self, module: nn.Module) -> Callable[..., Any]:
-        """The forward the module had before kernels-core bound anything to it."""
+        """The forward computing the module's math before kernels-core bound anything to it.
+
+        Under accelerate's hooks that is ``_old_forward``: probing it directly skips only the device moves, which
+        a probe built on the module's own device does not need.
+        """
+        slot = forward_slot(module)
         record = module.__dict__.get(BINDING_ATTR)
-        if record is not None and "forward" in record.previous:
-            previous = record.previous["forward"]
+        if record is not None and slot in record.previous:
+            previous = record.previous[slot]
             if previous is not record.MISSING:
                 return previous
             return type(module).forward.__get__(module, type(module))
-        return module.forward
+        return getattr(module, slot)
+
+    def _fsdp_units(self, module: nn.Module) -> list[nn.Module]:
+        """FSDP2 units owning parameters of ``module`` that are sharded right now (empty without FSDP2)."""
+        fsdp_module = _fsdp_module_type()
+        if fsdp_module is None or not any(dtensor_placements(p) for p in module.parameters()):
+            return []
+        if self._parents is None:
+            self._parents = {id(child): parent for parent in self.root.modules() for child in parent.children()}
+        units: list[nn.Module] = []
+        ancestor: nn.Module | None = module
+        while ancestor is not None and not isinstance(ancestor, fsdp_module):
+            ancestor = self._parents.get(id(ancestor))
+        if ancestor is not None:
+            units.append(ancestor)
+        units.extend(m for m in module.modules() if isinstance(m, fsdp_module) and m is not ancestor)
+        return units
+
+    def fsdp_managed(self, module: nn.Module) -> bool:
+        """Whether FSDP2 shards this module's parameters between forwards (and gathers them for each forward)."""
+        return bool(self._fsdp_units(module))
+
+    @contextlib.contextmanager
+    def unsharded(self, module: nn.Module) -> Iterator[None]:
+        """Within this block the module's FSDP2-sharded parameters are full, plain tensors (a no-op otherwise)."""
+        units = self._fsdp_units(module)
+        done: list[nn.Module] = []
+        try:
+            for unit in units:
+                unit.unshard()
+                done.append(unit)
+            yield
+        finally:
+            for unit in reversed(done):
+                unit.reshard()
+
+    @contextlib.contextmanager
+    def parameters_as(self, module: nn.Module, replacements: dict[str, torch.Tensor]) -> Iterator[None]:
+        """Within this block ``module``'s named parameters are these tensors (to probe another dtype's rounding)."""
+        saved = {name: module._parameters[name] for name in replacements}
+        try:
+            for name, tensor in replacements.items():
+                module._parameters[name] = nn.Parameter(tensor, requires_grad=False)
+            yield
+        finally:
+            module._parameters.update(saved)
 
     def run_probe(self, module: nn.Module, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """``fn(*args)`` with the module in eval and in training behaviour (dropout and the like show up).
@@ -161,7 +275,8 @@ class MatchContext:
         """
         key = (kind, math_key(module))
         if key not in self.memo:
-            self.memo[key] = compute()
+            with self.unsharded(module):
+                self.memo[key] = compute()
         return self.memo[key]
 
     def generator(self, device: torch.device) -> torch.Generator:
@@ -172,6 +287,11 @@ class MatchContext:
     def randn(self, *shape: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
         on = device if gen.device.type == device.type else torch.device("cpu")
         return torch.randn(*shape, generator=gen, device=on, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    def rotary_modules(self) -> list[nn.Module]:
+        """The model's rotary embedding modules (those holding an ``inv_freq``-like buffer)."""
+        return [m for m in self.root.modules()
+                if any(name.endswith("inv_freq") for name in m._buffers) and callable(getattr(m, "forward", None))]
 
     def rotary_dims(self) -> set[int]:
         """Dimensions rotated by the model's rotary embedding modules (2 * len(inv_freq))."""

@@ -14,6 +14,7 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
+from ._context import dtensor_placements
 from ._context import rel_error
 
 
@@ -37,11 +38,16 @@ def match_experts(module: nn.Module, name: str, ctx: MatchContext) -> Match | De
         return None
     if gate_up.dim() != 3 or down.dim() != 3:
         return None
-    return ctx.verdict("moe_experts", module, lambda: _classify_experts(module, gate_up, down, ctx))
+    return ctx.verdict("moe_experts", module, lambda: _classify_experts(module, ctx))
 
 
-def _classify_experts(module: nn.Module, gate_up: torch.Tensor, down: torch.Tensor, ctx: MatchContext
-                      ) -> Match | Decline:
+def _classify_experts(module: nn.Module, ctx: MatchContext) -> Match | Decline:
+    # Read inside the verdict: FSDP2-sharded weights are gathered by then.
+    gate_up, down = module._parameters["gate_up_proj"], module._parameters["down_proj"]
+    placements = dtensor_placements(gate_up)
+    if placements is not None:
+        return Decline("moe_experts", f"expert weights are DTensors {placements} (tensor or expert parallel); "
+                                      "the kernels take plain tensors")
     params = list(inspect.signature(type(module).forward).parameters)[1:4]
     if tuple(params) != _FORWARD_ARGS and not (params and params[0] == "args"):
         return Decline("moe_experts", f"forward arguments {params} are not (hidden_states, top_k_index, "

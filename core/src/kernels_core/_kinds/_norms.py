@@ -13,6 +13,7 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
+from ._context import dtensor_placements
 from ._context import positional_arity
 from ._context import rel_error
 
@@ -70,6 +71,10 @@ def _checked_norm(module: nn.Module, kind: str, allowed: frozenset[str]) -> tupl
         return Decline(kind, "no numeric epsilon attribute (variance_epsilon / eps)")
     if weight.device.type == "meta":
         return Decline(kind, "parameters are on the meta device; the math cannot be verified")
+    placements = dtensor_placements(weight)
+    if placements is not None:
+        # FSDP2's shards are gathered before this point, so a DTensor here is tensor parallel's.
+        return Decline(kind, f"weight is a DTensor {placements} (tensor parallel); the kernels take plain tensors")
     return weight, eps
 
 
@@ -77,35 +82,67 @@ def _classify_rms_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     checked = _checked_norm(module, "rms_norm", frozenset({"weight"}))
     if isinstance(checked, Decline):
         return checked
-    weight, eps = checked
+    real_weight, eps = checked
     forward = ctx.original_forward(module)
-    dtype, device = weight.dtype, weight.device
+    dtype, device = real_weight.dtype, real_weight.device
     gen = ctx.generator(device)
-    x = ctx.randn(2, 3, weight.numel(), device=device, dtype=dtype, gen=gen) * 3 + 0.5
+    x = ctx.randn(2, 3, real_weight.numel(), device=device, dtype=dtype, gen=gen) * 3 + 0.5
+    # A random weight, not the module's: freshly initialised norms hold ones (or zeros for (1 + w) forms), with
+    # which the casting orders round identically and the probe could not tell them apart.
+    weight = 1 + 0.5 * ctx.randn(real_weight.numel(), device=device, dtype=dtype, gen=gen)
     try:
-        actual, actual_training = ctx.run_probe(module, forward, x)
+        with ctx.parameters_as(module, {"weight": weight}):
+            actual, actual_training = ctx.run_probe(module, forward, x)
     except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
         return Decline("rms_norm", f"probe forward raised {type(exc).__name__}: {exc}")
     if not isinstance(actual, torch.Tensor):
         return Decline("rms_norm", f"forward returns {type(actual).__name__}, not a tensor")
     if not (isinstance(actual_training, torch.Tensor) and torch.equal(actual, actual_training)):
         return Decline("rms_norm", "forward behaves differently in training (dropout or the like); left alone")
+    verdict = _closest_rms_norm(x, weight, eps, actual, dtype)
+    if verdict is None:
+        return Decline("rms_norm", "probe output matches neither w*x̂ nor (1+w)*x̂ RMSNorm; math differs")
+    err, variant, offset, casting = verdict
+    if dtype in (torch.float32, torch.float64):
+        # In full precision both casting orders give the same numbers, so the float32 probe cannot tell Llama's
+        # (normalise, round, then scale) from Gemma's / OLMo-2's (scale in float32, then round); the difference
+        # appears once the model runs in bfloat16 or float16. Probe that rounding too, with a half-precision
+        # copy of the weight, so the kernel stays exact after ``model.to(torch.bfloat16)`` or under autocast.
+        casting = _half_precision_casting(module, ctx, forward, x, weight, eps, variant) or casting
+    how = "bit for bit" if err == 0.0 else f"(rel. error {err:.1e})"
+    return Match("rms_norm", variant, {"eps": eps, "offset": offset, "casting": casting},
+                 evidence=f"probe matches the {variant}/{casting} reference {how}")
+
+
+def _closest_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, actual: torch.Tensor, dtype: torch.dtype
+                      ) -> tuple[float, str, float, str] | None:
+    """(rel. error, variant, offset, casting) of the candidate reproducing ``actual``: bit for bit first."""
+    best: tuple[float, str, float, str] | None = None
     with torch.no_grad():
-        best: tuple[float, str, float, str] | None = None
         for variant, offset, casting in _RMS_CANDIDATES:
             expected = _reference.rms_norm(x, weight, eps=eps, offset=offset, casting=casting)
             if expected.shape == actual.shape and expected.dtype == actual.dtype and torch.equal(actual, expected):
-                return Match("rms_norm", variant, {"eps": eps, "offset": offset, "casting": casting},
-                             evidence=f"probe equals the {variant}/{casting} reference bit for bit")
+                return 0.0, variant, offset, casting
             if close(actual, expected, dtype):
                 err = rel_error(actual, expected)
                 if best is None or err < best[0]:
                     best = (err, variant, offset, casting)
-    if best is None:
-        return Decline("rms_norm", "probe output matches neither w*x̂ nor (1+w)*x̂ RMSNorm; math differs")
-    err, variant, offset, casting = best
-    return Match("rms_norm", variant, {"eps": eps, "offset": offset, "casting": casting},
-                 evidence=f"probe matches the {variant}/{casting} reference (rel. error {err:.1e})")
+    return best
+
+
+def _half_precision_casting(module: nn.Module, ctx: MatchContext, forward: Callable[..., Any], x: torch.Tensor,
+                            weight: torch.Tensor, eps: float, variant: str) -> str | None:
+    half = torch.bfloat16
+    x16, w16 = x.to(half), weight.detach().to(half)
+    try:
+        with ctx.parameters_as(module, {"weight": w16}), torch.no_grad():
+            actual = forward(x16)
+    except Exception:  # noqa: BLE001 - a module that only runs in full precision keeps its full-precision verdict
+        return None
+    if not isinstance(actual, torch.Tensor):
+        return None
+    verdict = _closest_rms_norm(x16, w16, eps, actual, half)
+    return verdict[3] if verdict is not None and verdict[1] == variant else None
 
 
 def adapt_rms_norm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:

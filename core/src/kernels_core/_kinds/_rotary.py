@@ -17,9 +17,9 @@ from torch import nn
 from .._types import Decline
 from .._types import Match
 from . import _reference
-from ._context import BINDING_ATTR
 from ._context import MatchContext
 from ._context import close
+from ._context import instance_override
 from ._context import param_dtype
 
 
@@ -36,7 +36,7 @@ def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
         return f"the class forward does not call {global_name!r} directly"
     if hasattr(forward, "__wrapped__"):
         return "the class forward is wrapped by a decorator, so its globals cannot be rerouted per instance"
-    if "forward" in module.__dict__ and BINDING_ATTR not in module.__dict__:
+    if instance_override(module) is not None:
         return "the instance forward was already replaced by other code; leaving it alone"
     if not callable(forward.__globals__.get(global_name)):
         return f"{global_name!r} is not a callable global of {forward.__module__}"
@@ -52,6 +52,13 @@ def _interleaved_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, 
     return _reference.rotary(q, k, cos_i, sin_i, style="interleaved")
 
 
+def _typed(pair: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, cos: torch.Tensor, policy: str
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotary result in the dtype the module's function returns (see ``_output_dtype_policy``)."""
+    dtype = q.dtype if policy == "query" else torch.promote_types(q.dtype, cos.dtype)
+    return pair[0].to(dtype), pair[1].to(dtype)
+
+
 def _unsqueeze_position(fn: Callable[..., Any]) -> tuple[int | None, int]:
     params = list(inspect.signature(fn).parameters.values())
     for index, param in enumerate(params):
@@ -59,6 +66,39 @@ def _unsqueeze_position(fn: Callable[..., Any]) -> tuple[int | None, int]:
             default = param.default if param.default is not inspect.Parameter.empty else 1
             return (index - 4 if param.kind is not param.KEYWORD_ONLY else None), int(default)
     return None, 1
+
+
+def _output_dtype_policy(fn: Callable[..., Any], device: torch.device, ctx: MatchContext) -> str:
+    """How ``fn`` types its outputs when cos/sin are float32 and q/k are not: "query" or "promoted".
+
+    Most rotary embeddings hand cos/sin over in the activations' dtype, but some (OLMo-2, OLMo-3) keep them in
+    float32 and cast the result back to q's dtype, while the plain function promotes. A kernel's output is cast
+    to what the module's own function would return, so the next layer always sees the dtype it expects.
+    """
+    gen = ctx.generator(device)
+    q = ctx.randn(1, 1, 2, 4, device=device, dtype=torch.bfloat16, gen=gen)
+    cos = ctx.randn(1, 2, 4, device=device, dtype=torch.float32, gen=gen)
+    try:
+        with torch.no_grad():
+            out = fn(q, q, cos, cos)
+    except Exception:  # noqa: BLE001 - cannot tell: assume the plain promoting math
+        return "promoted"
+    first = out[0] if isinstance(out, tuple) and out else None
+    return "query" if isinstance(first, torch.Tensor) and first.dtype == q.dtype else "promoted"
+
+
+def _model_cos_dtype(ctx: MatchContext, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype the model's rotary embedding really produces for activations of ``dtype`` (float32 or ``dtype``)."""
+    for module in ctx.rotary_modules():
+        try:
+            with torch.no_grad():
+                cos, _sin = module(torch.zeros(1, 2, 8, device=device, dtype=dtype),
+                                   torch.arange(2, device=device)[None])
+        except Exception:  # noqa: BLE001 - an unusual signature: probe both dtypes instead
+            continue
+        if isinstance(cos, torch.Tensor) and cos.is_floating_point():
+            return cos.dtype
+    return dtype
 
 
 def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
@@ -88,9 +128,12 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else torch.device("cpu")
     if device.type == "meta":
         return Decline("rotary_embedding", "parameters are on the meta device; the math cannot be verified")
-    params = {"global_name": GLOBAL_NAME, "head_dim": head_dim, "rotary_dim": rotary_dim}
+    output_dtype = _output_dtype_policy(fn, device, ctx)
+    cos_dtype = _model_cos_dtype(ctx, dtype, device)
+    params = {"global_name": GLOBAL_NAME, "head_dim": head_dim, "rotary_dim": rotary_dim, "output_dtype": output_dtype}
     # Some attentions pass the whole head (the function rotates part of it), others slice first and pass only
-    # the rotated part (Phi); probe both input widths.
+    # the rotated part (Phi); probe both input widths. cos/sin come in the dtype the model's rotary embedding
+    # really produces, so the probe sees the forward's own rounding and output dtype.
     failure = ""
     for width in dict.fromkeys((head_dim, rotary_dim)):
         gen = ctx.generator(device)
@@ -98,7 +141,7 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
         k = ctx.randn(1, 1, 5, width, device=device, dtype=dtype, gen=gen)
         angles = ctx.randn(1, 5, rotary_dim // 2, device=device, dtype=torch.float32, gen=gen) * 3
         emb = torch.cat((angles, angles), dim=-1)
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos().to(cos_dtype), emb.sin().to(cos_dtype)
         with torch.no_grad():
             try:
                 actual = fn(q, k, cos, sin)
@@ -107,8 +150,8 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
                 continue
             if not (isinstance(actual, tuple) and len(actual) == 2):
                 return Decline("rotary_embedding", f"{GLOBAL_NAME} does not return (q, k)")
-            half = _reference.rotary(q, k, cos, sin)
-            inter = _interleaved_reference(q, k, cos, sin)
+            half = _typed(_reference.rotary(q, k, cos, sin), q, cos, output_dtype)
+            inter = _typed(_interleaved_reference(q, k, cos, sin), q, cos, output_dtype)
         if all(close(a, e, dtype) for a, e in zip(actual, half, strict=True)):
             variant = "full" if rotary_dim == width else "partial"
             return Match("rotary_embedding", variant, {**params, "input_dim": width},
@@ -126,6 +169,7 @@ def adapt_rotary(module: nn.Module, match: Match, impl: Callable[..., Any], opti
     """The replacement for ``apply_rotary_pos_emb`` inside this module's forward, same call signature."""
     original = type(module).forward.__globals__[match.params["global_name"]]
     position, default = _unsqueeze_position(original)
+    policy = match.params.get("output_dtype", "promoted")
 
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                              *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,6 +179,11 @@ def adapt_rotary(module: nn.Module, match: Match, impl: Callable[..., Any], opti
             unsqueeze_dim = args[position]
         else:
             unsqueeze_dim = default
-        return impl(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        q_out, k_out = impl(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        # Kernels return the promoted dtype of q and cos/sin (the plain function's math); a function that casts
+        # back to q's dtype (float32 cos/sin, OLMo-2) gets exactly that here.
+        if policy == "query" and q_out.dtype != q.dtype:
+            q_out, k_out = q_out.to(q.dtype), k_out.to(k.dtype)
+        return q_out, k_out
 
     return apply_rotary_pos_emb

@@ -1,0 +1,102 @@
+"""One rank of the CPU (gloo) ordering checks: kernelize before or after FSDP2 / DDP wrapping must not matter.
+
+Run by ``test_ordering.py`` as two processes (``python _worker.py SCENARIO OUT_DIR`` with the usual
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables); each rank writes what it saw as JSON.
+Not collected by pytest (no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels_core  # noqa: E402
+import reference_plugin  # noqa: E402
+from kernels_core import Mode  # noqa: E402
+from kernels_core.testing import fresh_plugin_manager  # noqa: E402
+from kernels_core.testing import tiny_causal_lm  # noqa: E402
+
+
+STEPS = 3
+
+
+def _wrap(model: torch.nn.Module, how: str) -> torch.nn.Module:
+    if how == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def _kernels(model: torch.nn.Module) -> dict[str, object]:
+    # Kernelized before DDP, the report is on the wrapped model; after, on the wrapper, whose names all start
+    # with "module". The comparison is about the same modules either way.
+    report = kernels_core.get_report(model) or kernels_core.get_report(getattr(model, "module", model))
+    if report is None:
+        return {}
+    names = {e.module: ("" if e.module == "module" else e.module.removeprefix("module.")) for e in report.entries}
+    return {f"{names[e.module]}|{e.kind}": e.kernel or f"declined: {e.reason}" for e in report.entries}
+
+
+def _run(scenario: str, order: str) -> dict[str, object]:
+    how = scenario
+    pm = fresh_plugin_manager((reference_plugin, "reference"))
+    model = tiny_causal_lm("qwen3", seed=0)
+    if order == "before":
+        kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
+    model = _wrap(model, how)
+    if order == "after":
+        kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
+    sharded_after_kernelize = None
+    if how == "fsdp":
+        from torch.distributed.tensor import DTensor
+
+        sharded_after_kernelize = all(isinstance(p, DTensor) for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own data, as in training
+    losses = []
+    reference_plugin.CALLS.clear()
+    for _ in range(STEPS):
+        ids = torch.randint(3, 100, (2, 11), generator=generator)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(float(mean) / dist.get_world_size())
+    return {
+        "kernels": _kernels(model),
+        "losses": losses,
+        "called": sorted(reference_plugin.CALLS),
+        "sharded_after_kernelize": sharded_after_kernelize,
+    }
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    result = {order: _run(scenario, order) for order in ("eager", "before", "after")}
+    rank = dist.get_rank()
+    (out_dir / f"{scenario}-rank{rank}.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,63 @@
+"""kernelize before or after FSDP2 (``fully_shard``) or DDP gives the same kernels and the same losses.
+
+Two CPU processes over the gloo backend, so CI covers the ordering logic without GPUs: after ``fully_shard`` the
+parameters are sharded DTensors and the probes must gather them (in step on every rank) instead of failing.
+The same checks on two GPUs with NCCL live in plugins-cuda's ``test_distributed_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="this torch build has no torch.distributed with the gloo backend",
+)
+
+WORKER = Path(__file__).with_name("_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(scenario: str, out: Path) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), str(WORKER), scenario, str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{scenario} workers failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return [json.loads((out / f"{scenario}-rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.parametrize("scenario", ["fsdp", "ddp"])
+def test_kernelize_before_or_after_wrapping_is_the_same(scenario, tmp_path):
+    ranks = _launch(scenario, tmp_path)
+    for rank, result in enumerate(ranks):
+        before, after, eager = result["before"], result["after"], result["eager"]
+        assert before["kernels"], f"rank {rank}: kernelize before {scenario} produced no report"
+        assert after["kernels"] == before["kernels"], f"rank {rank}: kernels differ by order"
+        declined = {k: v for k, v in after["kernels"].items() if str(v).startswith("declined")}
+        assert not declined, f"rank {rank}: declined after {scenario}: {declined}"
+        expected_kinds = {"causal_lm_loss", "rms_norm", "rotary_embedding", "silu_gated_mlp"}
+        assert set(after["called"]) == set(before["called"]) == expected_kinds
+        # The reference kernels compute the eager math in float32: every step's loss agrees to rounding.
+        for order in (before, after):
+            torch.testing.assert_close(torch.tensor(order["losses"]), torch.tensor(eager["losses"]),
+                                       rtol=1e-5, atol=0.0)
+        if scenario == "fsdp":
+            # The probes gathered the shards and gave them back: the model is sharded again after kernelize.
+            assert after["sharded_after_kernelize"] is True
+    assert ranks[0]["after"]["losses"] == ranks[1]["after"]["losses"], "ranks disagree on the mean loss"
