@@ -86,11 +86,56 @@ def _run(scenario: str, order: str) -> dict[str, object]:
     }
 
 
+def _load_tensor_parallel(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from transformers import DistributedConfig
+    except ImportError:  # transformers before the DistributedConfig API took tp_plan directly
+        return AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")
+    return AutoModelForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_plan="auto"))
+
+
+def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        grads[name] = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+    return float(loss), grads
+
+
+def _run_tensor_parallel(out_dir: Path) -> dict[str, object]:
+    """tp_plan="auto": eager TP against kernelized TP on the same sharded model, loss and every gradient."""
+    path = out_dir / "model"
+    if dist.get_rank() == 0:
+        model = tiny_causal_lm("qwen3", hidden_size=64, head_dim=16, intermediate_size=96, vocab_size=102)
+        model.save_pretrained(path)
+    dist.barrier()
+    model = _load_tensor_parallel(path).train()
+    ids = torch.randint(3, 100, (2, 11), generator=torch.Generator().manual_seed(5))
+    eager_loss, eager_grads = _loss_and_grads(model, ids)
+    pm = fresh_plugin_manager((reference_plugin, "reference"))
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
+    reference_plugin.CALLS.clear()
+    loss, grads = _loss_and_grads(model, ids)
+    grad_error = max(float((grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-12))
+                     for n, g in eager_grads.items())
+    return {"kernels": _kernels(model), "eager_loss": eager_loss, "loss": loss, "max_grad_rel_error": grad_error,
+            "called": sorted(reference_plugin.CALLS),
+            "sharded": sorted(n for n, p in model.named_parameters() if hasattr(p, "placements"))}
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    result = {order: _run(scenario, order) for order in ("eager", "before", "after")}
+    if scenario == "tp":
+        result = _run_tensor_parallel(out_dir)
+    else:
+        result = {order: _run(scenario, order) for order in ("eager", "before", "after")}
     rank = dist.get_rank()
     (out_dir / f"{scenario}-rank{rank}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
