@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
-# space-separated subset of: probe report memory tests nox rmsnorm elementwise qwen3 portable
+# space-separated subset of: probe report memory tests nox rmsnorm elementwise qwen3 portable distributed
 # Knobs: MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS.
+# distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
+# two GPUs, tensor parallel; each check a torchrun or python subprocess; output in $OUT/pytest-distributed.txt), then
+# torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py (Qwen3-0.6B shape, FSDP2/DDP, eager vs kernelize
+# before/after wrapping) writing $OUT/cuda-distributed.json. Knobs: DIST_TEST_TIMEOUT (default 300 s),
+# DIST_BENCH_TIMEOUT (330 s), DIST_VARIANTS (default: all six), DIST_BENCH_ARGS (e.g. --steps 20). NVLink SHARP /
+# multicast stay off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1) unless set.
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -65,5 +71,16 @@ if [[ " $STAGES " == *" portable "* ]] && [[ -f benchmarks/portable_memory.py ]]
   log portable
   timeout 300 python3 benchmarks/portable_memory.py --device cuda --shape qwen3-0.6b \
     --out "$OUT/portable-cuda-qwen3-0.6b.json" 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" distributed "* ]]; then
+  log distributed
+  export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}" \
+    NVSHMEM_DISABLE_NVLS="${NVSHMEM_DISABLE_NVLS:-1}"
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv 2>&1 | tee -a "$OUT/log.txt"
+  (cd plugins-cuda && timeout ${DIST_TEST_TIMEOUT:-300} python3 -m pytest -q -rs --tb=short tests/test_distributed_gpu.py \
+     -p no:cacheprovider ${PYTEST_ARGS:-}) 2>&1 | tee -a "$OUT/pytest-distributed.txt" | tail -60
+  timeout ${DIST_BENCH_TIMEOUT:-330} python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
+    benchmarks/cuda/distributed_bench.py --out "$OUT/cuda-distributed.json" \
+    ${DIST_VARIANTS:+--variants "$DIST_VARIANTS"} ${DIST_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | tail -60
 fi
 log done

@@ -33,25 +33,32 @@ VARIANTS = [
 ]
 
 
-def build(seed: int = 0):
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)
+
+
+def qwen3_config(**overrides):
+    """The Qwen3-0.6B-shape config every Qwen3 benchmark here builds from (``overrides`` for smoke-test sizes)."""
     from transformers import Qwen3Config
+
+    return Qwen3Config(**{**QWEN3_0_6B, **overrides}, attn_implementation="sdpa")
+
+
+def build(seed: int = 0, device: str = "cuda", **overrides):
     from transformers import Qwen3ForCausalLM
 
-    cfg = Qwen3Config(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        attn_implementation="sdpa",
-    )
     torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(qwen3_config(**overrides)).to(torch.bfloat16)
     return model
 
 

@@ -24,6 +24,7 @@ from ._forward import load_ref
 from ._kinds._context import BINDING_ATTR
 from ._kinds._context import MatchContext
 from ._kinds._context import forward_slot
+from ._kinds._context import instance_override
 from ._kinds._context import module_device
 from ._kinds._context import param_dtype
 from ._manager import KernelsPluginManager
@@ -215,6 +216,16 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             target = _module_target(module, explicit, backends)
             if isinstance(verdict, Decline):
                 entries.append(_entry(module_name, verdict, target, reason=verdict.reason))
+                continue
+            foreign = instance_override(module) if provided_kind.kind.target == "forward" else None
+            if foreign is not None:
+                # Code that wraps a forward per instance may do more than compute (transformers' tensor parallel
+                # registers its gradient all-reduce hooks there on the first call): a kernel in its place would
+                # silently skip that. accelerate's hooks are not in this case: kernels go inside them.
+                what = getattr(foreign, "__qualname__", None) or type(foreign).__qualname__
+                entries.append(_entry(module_name, verdict, target,
+                                      reason=f"the instance forward was replaced by other code ({what}); a kernel "
+                                             "would bypass it, so the module is left alone"))
                 continue
             choice = resolver.choose(verdict, target)
             if choice.kernel is None:

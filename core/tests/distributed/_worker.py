@@ -114,17 +114,20 @@ def _run_tensor_parallel(out_dir: Path) -> dict[str, object]:
         model = tiny_causal_lm("qwen3", hidden_size=64, head_dim=16, intermediate_size=96, vocab_size=102)
         model.save_pretrained(path)
     dist.barrier()
-    model = _load_tensor_parallel(path).train()
     ids = torch.randint(3, 100, (2, 11), generator=torch.Generator().manual_seed(5))
-    eager_loss, eager_grads = _loss_and_grads(model, ids)
+    # Kernelized straight after loading, before any forward: transformers' TP wrappers register their gradient
+    # all-reduce hooks on their first call, which a kernel replacing them would skip.
+    model = _load_tensor_parallel(path).train()
     pm = fresh_plugin_manager((reference_plugin, "reference"))
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
     reference_plugin.CALLS.clear()
     loss, grads = _loss_and_grads(model, ids)
+    eager_loss, eager_grads = _loss_and_grads(_load_tensor_parallel(path).train(), ids)
     grad_error = max(float((grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-12))
                      for n, g in eager_grads.items())
     return {"kernels": _kernels(model), "eager_loss": eager_loss, "loss": loss, "max_grad_rel_error": grad_error,
             "called": sorted(reference_plugin.CALLS),
+            "tp_wrapped_norms": "forward" in model.model.layers[0].self_attn.q_norm.__dict__,
             "sharded": sorted(n for n, p in model.named_parameters() if hasattr(p, "placements"))}
 
 

@@ -71,7 +71,11 @@ def test_tensor_parallel_keeps_losses_and_declines_what_needs_full_weights(tmp_p
         # Kernels working on the plain activations between TP's hooks (norms with replicated weights, RoPE on
         # the local heads, the gated MLP's elementwise product between sharded projections) are used ...
         assert {"rms_norm", "rotary_embedding", "silu_gated_mlp"} <= set(result["called"]), result["called"]
-        # ... the fused loss, which would read a vocabulary-sharded lm_head weight directly, is declined.
+        # ... the fused loss, which would read a vocabulary-sharded lm_head weight directly, is declined, and so
+        # are norms whose forward TP wrapped per instance (q_norm/k_norm: it registers the gradient all-reduce).
         assert "tensor parallel" in str(kernels["|causal_lm_loss"]), kernels["|causal_lm_loss"]
+        for name, kernel in kernels.items():
+            if name.endswith(("q_norm|rms_norm", "k_norm|rms_norm")) and result["tp_wrapped_norms"]:
+                assert "replaced by other code" in str(kernel), f"{name}: {kernel}"
         assert result["loss"] == pytest.approx(result["eager_loss"], rel=1e-5)
         assert result["max_grad_rel_error"] < 1e-5

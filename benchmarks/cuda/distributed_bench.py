@@ -1,0 +1,373 @@
+"""Qwen3-0.6B-shape training under FSDP2 (and DDP) on several GPUs: eager against kernelize called before and
+after wrapping. Every variant runs in the same torchrun job, one after the other, from the same seeds and data.
+
+    torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --out /tmp/out/cuda-distributed.json
+    torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --out /tmp/x.json --device cpu --tiny  # smoke
+
+Variants: ``eager`` (FSDP2: ``fully_shard`` on each decoder layer, then on the root; parameters already bf16, so
+no mixed-precision policy), ``kernelize_before`` (``kernelize(mode=TRAINING)`` then ``fully_shard``),
+``kernelize_after`` (``fully_shard`` then ``kernelize``), and the same three under DDP (``ddp_eager``,
+``ddp_kernelize_before``, ``ddp_kernelize_after``). Batch 4 x 2048 tokens per rank, AdamW(fused, lr 1e-5) as in
+``qwen3_bench.py``. Measured per variant: global tokens/s over the timed steps (after warm-up, between
+synchronise + barrier), peak allocated GiB per rank over the timed steps, the loss of every step (mean over ranks),
+and from ``get_report``: the kernel each layer kind got and what was declined, and why. Rank 0 writes the JSON
+(rewritten after every variant, so a later hang still leaves the earlier results) and prints a table and the
+targets: kernelize in either order >= 1.10x eager tokens/s, <= 0.40x its peak, losses within 1e-3 relative, and
+before/after within 3% of each other with identical kernel choices.
+
+``--device cpu`` runs on gloo (no timing or memory worth reading; peak memory is not measured): a smoke test of
+the script and of kernelize under FSDP2/DDP on a machine without GPUs. ``--tiny`` shrinks the model and batch.
+Exit status 1 when a variant raised (its traceback is in the JSON), 0 otherwise; missed targets are printed and
+recorded, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pathlib
+import re
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+HERE = pathlib.Path(__file__).resolve().parent
+GIB = 2**30
+
+# name -> (wrapper, when kernelize runs relative to wrapping; None = not kernelized)
+VARIANTS: dict[str, tuple[str, str | None]] = {
+    "eager": ("fsdp", None),
+    "kernelize_before": ("fsdp", "before"),
+    "kernelize_after": ("fsdp", "after"),
+    "ddp_eager": ("ddp", None),
+    "ddp_kernelize_before": ("ddp", "before"),
+    "ddp_kernelize_after": ("ddp", "after"),
+}
+BASELINE = {"fsdp": "eager", "ddp": "ddp_eager"}
+# A smoke-test size: every code path of the real run in seconds on CPU (vocab divisible by the world size).
+TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=256)
+
+TARGET_SPEEDUP = 1.10
+TARGET_PEAK = 0.40
+TARGET_LOSS_REL = 1e-3
+TARGET_BEFORE_AFTER = 0.03
+
+
+def _set_distributed_env() -> None:
+    # NVLink SHARP / multicast objects fail on the lent H200 hosts (KINDS.md); NCCL and symmetric memory read these
+    # when their communicators are created, so they must be in place before init_process_group.
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+
+def setup(device_type: str) -> torch.device:
+    _set_distributed_env()
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device
+
+
+def _normalise(module_name: str) -> str:
+    """The module path as if unwrapped: DDP adds a leading ``module.``; FSDP2 keeps the names."""
+    return re.sub(r"^module(\.|$)", "", module_name)
+
+
+def summarise_report(report: Any) -> dict[str, Any]:
+    """Kernels per kind, declines grouped by (kind, reason), and the (module, kind) -> kernel map compared later."""
+    kernels: dict[str, Counter[str]] = {}
+    declined: Counter[tuple[str, str]] = Counter()
+    choices: dict[str, str | None] = {}
+    for entry in report.entries:
+        choices[f"{_normalise(entry.module) or '(model)'}|{entry.kind}"] = entry.kernel
+        if entry.applied:
+            kernels.setdefault(entry.kind, Counter())[entry.kernel] += 1
+        else:
+            declined[(entry.kind, entry.reason or "")] += 1
+    return {
+        "summary": report.summary(),
+        "kernels": {kind: dict(counter) for kind, counter in kernels.items()},
+        "declined": [{"kind": k, "reason": r, "count": n} for (k, r), n in sorted(declined.items())],
+        "declined_total": sum(declined.values()),
+        "choices": choices,
+    }
+
+
+def wrap(model: torch.nn.Module, how: str, device: torch.device) -> torch.nn.Module:
+    if how == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        # One FSDP unit per decoder layer, then the root (embedding, final norm, lm_head): the usual FSDP2 recipe.
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_variant(name: str, args: argparse.Namespace, device: torch.device, batches: torch.Tensor) -> dict[str, Any]:
+    import kernels_core
+    from qwen3_bench import build
+
+    how, order = VARIANTS[name]
+    world = dist.get_world_size()
+    _free(device)
+    result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order}
+    if device.type == "cuda":
+        # What the previous variant left behind: should be ~0, or the peaks below are not comparable.
+        result["allocated_at_start_GiB"] = round(torch.cuda.memory_allocated(device) / GIB, 4)
+
+    model = build(seed=0, device=str(device), **(TINY if args.tiny else {}))
+    model.train()
+    if order == "before":
+        kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
+    runner = wrap(model, how, device)
+    if order == "after":
+        kernels_core.kernelize(runner, mode=kernels_core.Mode.TRAINING)
+    if order is not None:
+        # The report lives on the module kernelize was given: the bare model, or the wrapper (DDP) around it.
+        report = kernels_core.get_report(model if order == "before" else runner)
+        result["report"] = summarise_report(report)
+        if dist.get_rank() == 0 and args.print_report:
+            print(f"--- {name}\n{report.table()}", flush=True)
+        if device.type == "cuda" and not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
+            # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
+            raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
+
+    opt = torch.optim.AdamW(runner.parameters(), lr=1e-5, fused=device.type == "cuda")
+    losses: list[torch.Tensor] = []
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        loss = runner(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for i in range(args.warmup):
+        losses.append(step(batches[i]))
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for i in range(args.steps):
+        losses.append(step(batches[args.warmup + i]))
+    _sync(device)  # the barrier makes the clock include the slowest rank
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+
+    mean_losses = torch.stack(losses).float()
+    dist.all_reduce(mean_losses)  # SUM: gloo has no AVG
+    mean_losses /= world
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+    peaks: list[float | None] = [None] * world
+    dist.all_gather_object(peaks, peak)
+
+    tokens = world * batches.shape[1] * batches.shape[2] * args.steps
+    result.update(
+        tokens_per_s=tokens / elapsed.item(),
+        step_ms=1e3 * elapsed.item() / args.steps,
+        peak_GiB_per_rank=[None if p is None else round(p, 4) for p in peaks],
+        peak_GiB=None if peak is None else round(max(peaks), 4),
+        losses=[round(v, 6) for v in mean_losses.tolist()],
+    )
+    return result  # the model and optimizer die here; the next variant's _free() returns their memory
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def compare(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each kernelized variant against the eager run of the same wrapper."""
+    ratios = {}
+    for name, row in rows.items():
+        base = rows.get(BASELINE[row["wrapper"]])
+        if row["kernelize"] is None or base is None or "error" in row or "error" in base:
+            continue
+        ratios[name] = {
+            "vs": base["variant"],
+            "tokens_per_s": _ratio(row["tokens_per_s"], base["tokens_per_s"]),
+            "peak": _ratio(row["peak_GiB"], base["peak_GiB"]),
+            "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(row["losses"], base["losses"], strict=True)),
+        }
+    return ratios
+
+
+def _choice_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    ca, cb = a["report"]["choices"], b["report"]["choices"]
+    keys = sorted(set(ca) | set(cb))
+    return [f"{key}: {ca.get(key)} vs {cb.get(key)}" for key in keys if ca.get(key) != cb.get(key)]
+
+
+def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+
+    def add(name: str, value: object, target: str, met: bool) -> None:
+        out.append({"name": name, "value": value, "target": target, "met": bool(met)})
+
+    for name in ("kernelize_before", "kernelize_after"):
+        r = ratios.get(name, {})
+        speed, peak, loss = r.get("tokens_per_s"), r.get("peak"), r.get("max_rel_loss_diff")
+        add(f"{name} tokens/s vs eager", speed, f">= {TARGET_SPEEDUP}", speed is not None and speed >= TARGET_SPEEDUP)
+        add(f"{name} peak vs eager", peak, f"<= {TARGET_PEAK}", peak is not None and peak <= TARGET_PEAK)
+        add(f"{name} max relative loss difference vs eager", loss, f"<= {TARGET_LOSS_REL}",
+            loss is not None and loss <= TARGET_LOSS_REL)
+    for prefix in ("", "ddp_"):
+        before, after = rows.get(f"{prefix}kernelize_before"), rows.get(f"{prefix}kernelize_after")
+        if prefix and (before is None or after is None):
+            continue  # the DDP pair is optional
+        ok = before is not None and after is not None and "error" not in before and "error" not in after
+        ratio = _ratio(before["tokens_per_s"], after["tokens_per_s"]) if ok else None
+        add(f"{prefix}kernelize_before / {prefix}kernelize_after tokens/s", ratio, f"within {TARGET_BEFORE_AFTER:.0%}",
+            ratio is not None and abs(ratio - 1) <= TARGET_BEFORE_AFTER)
+        diff = _choice_diff(before, after) if ok else ["variant missing or failed"]
+        add(f"{prefix}kernelize before/after identical kernel choices", diff[:20] or "identical", "identical",
+            not diff)
+    return out
+
+
+def environment_record(device: torch.device) -> dict[str, Any]:
+    from _common import environment
+
+    env: dict[str, Any] = environment() if device.type == "cuda" else {"device": "cpu", "torch": torch.__version__}
+    env.update(
+        world_size=dist.get_world_size(),
+        backend=dist.get_backend(),
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+        devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        nvls_env={k: os.environ.get(k) for k in
+                  ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")},
+    )
+    return env
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    width = int(re.match(r"\d*", spec).group() or 0)
+    return "-".rjust(width) if value is None else format(value, spec)
+
+
+def print_table(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]], checks: list[dict]) -> None:
+    print(f"{'variant':22} {'tok/s':>9} {'x base':>7} {'peak GiB':>9} {'x base':>7} {'loss first':>10} "
+          f"{'loss last':>10} {'dloss rel':>9}  kernels applied / declined")
+    for name, row in rows.items():
+        if "error" in row:
+            print(f"{name:22} ERROR {row['error'][:150]}")
+            continue
+        r = ratios.get(name, {})
+        report = row.get("report")
+        kernels = "-" if report is None else (
+            f"{sum(sum(c.values()) for c in report['kernels'].values())} / {report['declined_total']}")
+        print(f"{name:22} {row['tokens_per_s']:9.0f} {_fmt(r.get('tokens_per_s'), '7.3f')} "
+              f"{_fmt(row['peak_GiB'], '9.2f')} {_fmt(r.get('peak'), '7.3f')} {row['losses'][0]:10.5f} "
+              f"{row['losses'][-1]:10.5f} {_fmt(r.get('max_rel_loss_diff'), '9.1e')}  {kernels}")
+    for name, row in rows.items():
+        if not row.get("report"):
+            continue
+        by_kind = row["report"]["kernels"]
+        print(f"  {name}: " + "; ".join(f"{k} {dict(v)}" for k, v in sorted(by_kind.items())))
+        for d in rows[name]["report"]["declined"]:
+            print(f"    declined {d['count']}x {d['kind']}: {d['reason'][:160]}")
+    for check in checks:
+        print(f"[{'ok' if check['met'] else 'MISSED'}] {check['name']}: {check['value']} (target {check['target']})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (Triton compiles, AdamW states)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer, 1024-token-vocabulary model, batch 2 x 128")
+    parser.add_argument("--batch", type=int, help="sequences per rank (default 4, --tiny 2)")
+    parser.add_argument("--seq", type=int, help="tokens per sequence (default 2048, --tiny 128)")
+    parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
+    args = parser.parse_args()
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    sys.path.insert(0, str(HERE))
+    from _common import write_json
+    from qwen3_bench import QWEN3_0_6B
+
+    device = setup(args.device)
+    rank = dist.get_rank()
+    batch = args.batch or (2 if args.tiny else 4)
+    seq = args.seq or (128 if args.tiny else 2048)
+    vocab = (TINY if args.tiny else QWEN3_0_6B)["vocab_size"]
+    # Different data per rank, the same per variant: one generator seeded by the rank, drawn once for all variants.
+    generator = torch.Generator(device=device).manual_seed(1000 + rank)
+    batches = torch.randint(0, vocab, (args.warmup + args.steps, batch, seq), device=device, generator=generator)
+
+    payload: dict[str, Any] = {
+        "environment": environment_record(device),
+        "config": (f"Qwen3-0.6B shape{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
+                   "FSDP2 fully_shard per decoder layer then root, no mixed-precision policy / DDP; "
+                   f"AdamW(fused on CUDA, lr 1e-5); batch {batch} x {seq} per rank; seeds: model 0, data 1000 + rank"),
+        "steps_timed": args.steps,
+        "steps_warmup": args.warmup,
+        "losses_are": "mean over ranks, every step (warm-up first)",
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    failed = False
+    for name in args.variants.split(","):
+        if rank == 0:
+            print(f"== {name} ({time.strftime('%X')})", flush=True)
+        try:
+            row = run_variant(name, args, device, batches)
+        except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report; the others still run
+            how, order = VARIANTS[name]
+            row = {"variant": name, "wrapper": how, "kernelize": order,
+                   "error": f"{type(exc).__name__}: {exc}"[:3000], "traceback": traceback.format_exc()[-6000:]}
+            print(f"[rank {rank}] {name} failed:\n{row['traceback']}", file=sys.stderr, flush=True)
+            failed = True
+            _free(device)
+        rows[name] = row
+        if rank == 0:
+            ratios = compare(rows)
+            write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios,
+                                  "targets": targets(rows, ratios)})
+        dist.barrier()
+    if rank == 0:
+        ratios = compare(rows)
+        checks = targets(rows, ratios)
+        write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios, "targets": checks,
+                              "all_targets_met": all(c["met"] for c in checks)})
+        print_table(rows, ratios, checks)
+        print(f"wrote {args.out}", flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

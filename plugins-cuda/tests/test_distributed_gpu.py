@@ -1,0 +1,135 @@
+"""kernelize under FSDP2, DDP, accelerate's device_map and transformers tensor parallelism, on two GPUs.
+
+Each check is a worker script under ``distributed_workers/`` run in a subprocess: ``torchrun --standalone
+--nproc_per_node 2`` for the process-group ones, plain Python for ``device_map`` (one process, two GPUs). A worker
+asserts and exits non-zero on failure, printing the kernelize report; its output is shown here on failure. The GPU
+tests skip unless torch sees two CUDA GPUs and NCCL.
+
+The same workers run on CPU over gloo (``--device cpu``; device_map then attaches accelerate's hooks with
+``dispatch_model(force_hooks=True)``): set ``KERNELS_CPU_DISTRIBUTED=1`` to run those variants too (20-60 s each
+on a 2-core CPU). Without it, only each worker's ``--help`` runs on CPU: the scripts import and parse.
+``KERNELS_DIST_WORKER_TIMEOUT`` (seconds, default 180) bounds each worker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+WORKERS = Path(__file__).parent / "distributed_workers"
+# Per worker. On two H200s a worker takes well under a minute (Triton compiles included); the GPU session's stage
+# timeout must leave room for all four.
+TIMEOUT_S = int(os.environ.get("KERNELS_DIST_WORKER_TIMEOUT", "180"))
+
+
+def _gpu_skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs two NVIDIA GPUs (CUDA build of torch); CI is CPU-only"
+    if torch.cuda.device_count() < 2:
+        return f"needs two NVIDIA GPUs; this machine has {torch.cuda.device_count()}"
+    return None
+
+
+def _launcher_skip_reason(device: str) -> str | None:
+    if not torch.distributed.is_available():
+        return "this torch build has no torch.distributed"
+    if importlib.util.find_spec("torch.distributed.run") is None:
+        return "torchrun (torch.distributed.run) is not available"
+    if device == "cuda" and not torch.distributed.is_nccl_available():
+        return "this torch build has no NCCL"
+    if device == "cpu" and not torch.distributed.is_gloo_available():
+        return "this torch build has no gloo"
+    return None
+
+
+def _skip_reason(device: str, *, distributed: bool) -> str | None:
+    if device == "cuda":
+        reason = _gpu_skip_reason()
+    elif os.environ.get("KERNELS_CPU_DISTRIBUTED") != "1":
+        reason = "CPU/gloo variant: set KERNELS_CPU_DISTRIBUTED=1 to run it (20-60 s)"
+    else:
+        reason = None
+    return reason or (_launcher_skip_reason(device) if distributed else None)
+
+
+def _run(args: list[str], *, torchrun: bool, timeout: int = TIMEOUT_S) -> str:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [*(launcher if torchrun else [sys.executable]), *args]
+    env = dict(os.environ)
+    # NVLink SHARP / multicast off (they fail on the lent H200 hosts); the workers set the same defaults.
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    env.setdefault("OMP_NUM_THREADS", "2")  # torchrun's warning otherwise; the tiny models need no more
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(cmd, cwd=WORKERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: torchrun forwards it to its workers and waits for them (a SIGKILL would orphan them,
+        # still holding the GPUs the next test needs).
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n--- stdout\n{stdout[-8000:]}\n"
+                    f"--- stderr\n{stderr[-8000:]}", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{stdout[-8000:]}\n"
+                    f"--- stderr\n{stderr[-12000:]}", pytrace=False)
+    return stdout
+
+
+DEVICES = ["cuda", "cpu"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fsdp2_kernelize_before_and_after_fully_shard(device):
+    """Same kernels per module in either order, losses equal to each other and to eager FSDP2 (fp32 and bf16)."""
+    if reason := _skip_reason(device, distributed=True):
+        pytest.skip(reason)
+    stdout = _run(["train_worker.py", "--wrap", "fsdp", "--device", device], torchrun=True)
+    assert stdout.count(": OK;") == 2, stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_kernelize_before_and_after_wrapping(device):
+    if reason := _skip_reason(device, distributed=True):
+        pytest.skip(reason)
+    stdout = _run(["train_worker.py", "--wrap", "ddp", "--device", device], torchrun=True)
+    assert stdout.count(": OK;") == 2, stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_map_generate_and_unkernelize(device):
+    """from_pretrained(device_map=...) over two GPUs: RoPE included, greedy tokens as eager, hooks restored."""
+    if reason := _skip_reason(device, distributed=False):
+        pytest.skip(reason)
+    stdout = _run(["device_map_worker.py", "--device", device], torchrun=False)
+    assert ": OK;" in stdout, stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_parallel_losses_match_eager(device):
+    """tp_plan="auto": every matched module has a kernel or a reason, and loss and gradients match eager TP."""
+    if reason := _skip_reason(device, distributed=True):
+        pytest.skip(reason)
+    stdout = _run(["tp_worker.py", "--device", device], torchrun=True)
+    assert ": OK;" in stdout, stdout
+
+
+@pytest.mark.parametrize("worker", ["train_worker.py", "device_map_worker.py", "tp_worker.py"])
+def test_worker_scripts_parse_arguments(worker):
+    """On any machine: the workers import (their shared helper included) and parse their arguments."""
+    proc = subprocess.run([sys.executable, worker, "--help"], cwd=WORKERS, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--device" in proc.stdout
