@@ -4,8 +4,9 @@ kernelize + torch.compile, each variant in a fresh process (Liger's patching is 
     python benchmarks/cuda/qwen3_bench.py --out benchmarks/results/cuda-qwen3-h100.json
 
 For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
-RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only), ``+chunkN`` runs Liger's fused loss with
-token chunks of about N rows; e.g. ``kernelize_compile+native+chunk128``.
+RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only; ``+native_residual``: for the fused residual
+add + RMSNorm), ``+no_residual`` disables the residual_rms_norm kind (each norm on its own, as before it existed),
+``+chunkN`` runs Liger's fused loss with token chunks of about N rows; e.g. ``kernelize_compile+native+chunk128``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def build(seed: int = 0, device: str = "cuda", **overrides):
     return model
 
 
-_NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "native_norm": ("rms_norm",)}
+_NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "native_norm": ("rms_norm",),
+                 "native_residual": ("residual_rms_norm",)}
 
 
 def _as_compiled(sizing, n_tokens: int, vocab: int, hidden: int, *, compiling: bool) -> int:
@@ -75,6 +77,8 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         if modifier in _NATIVE_KINDS:
             for kind in _NATIVE_KINDS[modifier]:
                 kinds[kind] = {"prefer": {"cuda": [f"cuda.{kind}.torch"]}}
+        elif modifier == "no_residual":
+            kinds["residual_rms_norm"] = {"enabled": False}
         elif modifier.startswith("chunk"):
             from kernels_triton import _loss
 
@@ -82,7 +86,8 @@ def _kernelize_config(modifiers: list[str]) -> dict:
             _loss._COMPILE_CHUNK_TOKENS = int(modifier.removeprefix("chunk"))
             _loss._chunk_mem_const = functools.partial(_as_compiled, _loss._chunk_mem_const)
         else:
-            raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm or chunk<N>")
+            raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm, "
+                             "native_residual, no_residual or chunk<N>")
     return {"kinds": kinds}
 
 

@@ -26,6 +26,11 @@ def rms_norm(x, weight, *, eps, offset, casting):
     return reference.rms_norm(x, weight, eps=eps, offset=offset, casting=casting)
 
 
+def residual_rms_norm(x, residual, weight, *, eps, offset, casting):
+    CALLS["residual_rms_norm"] += 1
+    return reference.residual_rms_norm(x, residual, weight, eps=eps, offset=offset, casting=casting)
+
+
 def layer_norm(x, weight, bias, *, eps):
     CALLS["layer_norm"] += 1
     return reference.layer_norm(x, weight, bias, eps=eps)
@@ -67,6 +72,8 @@ _M = "reference_plugin"
 SPECS = (
     KernelSpec(id="ref.rms_norm", kind="rms_norm", variants=("standard", "offset"), backend="any",
                impl=f"{_M}:rms_norm", priority=50, supports=_ALL, dtypes=_DTYPES),
+    KernelSpec(id="ref.residual_rms_norm", kind="residual_rms_norm", variants=("standard", "offset"), backend="any",
+               impl=f"{_M}:residual_rms_norm", priority=50, supports=_ALL, dtypes=_DTYPES),
     KernelSpec(id="ref.layer_norm", kind="layer_norm", variants=("bias", "no_bias"), backend="any",
                impl=f"{_M}:layer_norm", priority=50, supports=_ALL, dtypes=_DTYPES),
     KernelSpec(id="ref.silu_gated_mlp", kind="silu_gated_mlp", variants=("split", "fused"), backend="any",

@@ -249,15 +249,16 @@ def test_two_models_kernelized_differently_including_rope(ref_pm, calls):
     a, b = tiny_causal_lm("llama", seed=1), tiny_causal_lm("llama", seed=1)
     kernels_core.kernelize(a, mode=Mode.INFERENCE, plugin_manager=ref_pm)
     kernels_core.kernelize(b, mode=Mode.INFERENCE, plugin_manager=ref_pm,
-                           config={"kinds": {"rotary_embedding": {"enabled": False}, "rms_norm": {"enabled": False}}})
+                           config={"kinds": {"rotary_embedding": {"enabled": False}, "rms_norm": {"enabled": False},
+                                             "residual_rms_norm": {"enabled": False}}})
     ids = torch.randint(3, 100, (1, 6))
     calls.clear()
     with torch.no_grad():
         out_b = b(input_ids=ids).logits
-    assert calls["rotary_embedding"] == 0 and calls["rms_norm"] == 0
+    assert calls["rotary_embedding"] == 0 and calls["rms_norm"] == 0 and calls["residual_rms_norm"] == 0
     with torch.no_grad():
         out_a = a(input_ids=ids).logits
-    assert calls["rotary_embedding"] == 2 and calls["rms_norm"] == 5
+    assert calls["rotary_embedding"] == 2 and calls["rms_norm"] == 3 and calls["residual_rms_norm"] == 2
     assert modeling_llama.apply_rotary_pos_emb is original_global
     assert_close(out_a, out_b, what="same weights, different kernels")
     fresh = tiny_causal_lm("llama", seed=1)
@@ -278,7 +279,8 @@ def test_deepcopy_save_load_keep_kernels_and_state(ref_pm, calls, tmp_path):
         with torch.no_grad():
             got = clone(input_ids=ids).logits
         assert torch.equal(got, expected)
-        assert calls["rms_norm"] == 5 and calls["rotary_embedding"] == 2, "the copy must stay kernelized"
+        assert calls["rms_norm"] == 3 and calls["residual_rms_norm"] == 2 and calls["rotary_embedding"] == 2, \
+            "the copy must stay kernelized"
         assert clone.model.norm.forward.module is clone.model.norm, "bound to the copy, not the original"
         kernels_core.unkernelize(clone)
         calls.clear()

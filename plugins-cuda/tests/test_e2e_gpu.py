@@ -87,6 +87,8 @@ def test_logits_grads_and_training_track_eager(family):
     ours = kernels_core.kernelize(copy.deepcopy(eager), mode=kernels_core.Mode.TRAINING)
     applied = _applied(ours)
     assert applied.get("rms_norm", "").startswith("cuda."), applied
+    if family not in ("gemma2", "gemma3_text", "phi3"):  # sandwich norms, residual dropout: not the pre-norm template
+        assert applied.get("residual_rms_norm", "").startswith("cuda."), applied
     assert _loss_kernel(ours).startswith("cuda."), _applied(ours)
 
     ids = _batch()
@@ -130,7 +132,8 @@ def test_logits_grads_and_training_track_eager(family):
 # Both compile-capable families of the elementwise and norm kinds: kernels-triton's kernels as custom ops (the
 # default under compile where priorities pick them) and the native ops Inductor fuses (chosen by configuration).
 _NATIVE_UNDER_COMPILE = {kind: {"prefer": {"cuda": [f"cuda.{kind}.torch"]}}
-                         for kind in ("rms_norm", "rotary_embedding", "silu_gated_mlp", "gelu_gated_mlp")}
+                         for kind in ("rms_norm", "rotary_embedding", "silu_gated_mlp", "gelu_gated_mlp",
+                                      "residual_rms_norm")}
 
 
 @pytest.mark.parametrize("kernels", ["default", "native"])
@@ -149,6 +152,9 @@ def test_torch_compile_fullgraph_on_kernelized_model(family, training, kernels):
                     if s.kind == "rms_norm" and s.supports & kernels_core.Supports.TORCH_COMPILE]
     expected = "cuda.rms_norm.torch" if kernels == "native" else max(compile_safe, key=lambda s: s.priority).id
     assert _applied(ours).get("rms_norm") == expected
+    # Gemma 2's sandwich-norm layers are no pre-norm template: their residual adds stay eager.
+    fused = None if family == "gemma2" else f"cuda.residual_rms_norm.{'torch' if kernels == 'native' else 'triton'}"
+    assert _applied(ours).get("residual_rms_norm") == fused
     compiled = torch.compile(ours, fullgraph=True)
     ids = _batch()
     if training:

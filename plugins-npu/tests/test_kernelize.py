@@ -39,6 +39,7 @@ FAMILIES = {
 MOE_FAMILIES = {"qwen3_moe", "mixtral"}
 GELU_FAMILIES = {"gemma", "gemma2", "gemma3_text"}  # GeGLU MLPs: npu_swiglu does not apply
 SOFTCAP_FAMILIES = {"gemma2"}  # attention logit softcapping: npu_fusion_attention declines
+NOT_PRE_NORM_FAMILIES = {"gemma2", "gemma3_text", "phi3"}  # sandwich norms, residual dropout: no residual_rms_norm
 # Eager attention hands the attention function additive float masks, SDPA boolean ones (or none): cover both.
 EAGER_FAMILIES = {"gemma2", "mistral", "qwen3_moe"}
 
@@ -82,6 +83,8 @@ def npu_plugins():
 
 def _expected_kernels(family):
     kinds = {"rms_norm": "npu.rms_norm.fused", "rotary_embedding": "npu.rotary_embedding.rotary_mul"}
+    if family not in NOT_PRE_NORM_FAMILIES:
+        kinds["residual_rms_norm"] = "npu.residual_rms_norm.rms_norm"
     if family not in SOFTCAP_FAMILIES:
         kinds["attention"] = "npu.attention.fusion"
     if family in MOE_FAMILIES:

@@ -23,8 +23,8 @@ def test_kernel_declarations_are_honest():
     specs = list(_plugin.kernels_core_kernels())
     assert all(isinstance(spec, KernelSpec) for spec in specs)
     assert {spec.id for spec in specs} == {
-        "npu.rms_norm.fused", "npu.silu_gated_mlp.swiglu", "npu.rotary_embedding.rotary_mul",
-        "npu.attention.fusion", "npu.moe_experts.grouped_matmul",
+        "npu.rms_norm.fused", "npu.residual_rms_norm.rms_norm", "npu.silu_gated_mlp.swiglu",
+        "npu.rotary_embedding.rotary_mul", "npu.attention.fusion", "npu.moe_experts.grouped_matmul",
     }
     for spec in specs:
         assert spec.backend == "npu" and spec.priority >= 100

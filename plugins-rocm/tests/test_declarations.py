@@ -108,6 +108,7 @@ def _best(kind, *, compile_mode):
     ("silu_gated_mlp", "rocm.silu_gated_mlp.triton", "rocm.silu_gated_mlp.triton"),
     ("gelu_gated_mlp", "rocm.gelu_gated_mlp.triton", "rocm.gelu_gated_mlp.triton"),
     ("rotary_embedding", "rocm.rotary_embedding.triton", "rocm.rotary_embedding.triton"),
+    ("residual_rms_norm", "rocm.residual_rms_norm.triton", "rocm.residual_rms_norm.triton"),
     ("causal_lm_loss", "rocm.causal_lm_loss.liger", "rocm.causal_lm_loss.liger"),
     ("moe_experts", "rocm.moe_experts.liger", None),
 ])

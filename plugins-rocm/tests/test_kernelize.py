@@ -54,6 +54,7 @@ def test_cdna_gets_fused_triton_kernels_and_native_norms(simulate, pm, device):
     simulate("rocm", [device])
     assert _chosen(_kernelized("llama", pm)) == {
         "rms_norm": {"rocm.rms_norm.torch"},
+        "residual_rms_norm": {"rocm.residual_rms_norm.triton"},
         "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
         "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
@@ -84,6 +85,7 @@ def test_unsupported_arch_falls_back_to_native_and_portable_kernels(simulate, pm
     simulate("rocm", [MI50])  # gfx906: no Triton or Liger kernel is declared for it
     assert _chosen(_kernelized("llama", pm)) == {
         "rms_norm": {"rocm.rms_norm.torch"},
+        "residual_rms_norm": {"rocm.residual_rms_norm.torch"},
         "silu_gated_mlp": {"rocm.silu_gated_mlp.torch"},
         "rotary_embedding": {"rocm.rotary_embedding.torch"},
         "causal_lm_loss": {"any.causal_lm_loss.chunked"},
@@ -116,6 +118,7 @@ def test_torch_compile_mode_gets_compile_safe_kernels(simulate, pm):
     simulate("rocm", [MI300X])
     assert _chosen(_kernelized("llama", pm, mode=Mode.TRAINING | Mode.TORCH_COMPILE)) == {
         "rms_norm": {"rocm.rms_norm.torch"},
+        "residual_rms_norm": {"rocm.residual_rms_norm.triton"},
         "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
         "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},

@@ -11,6 +11,7 @@ import torch
 from kernels_core import Supports
 from kernels_core._portable import SPECS
 from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
+from kernels_core._portable._residual_rms_norm import residual_rms_norm
 from kernels_core._portable._rms_norm import rms_norm
 from kernels_core._portable._silu_mul import silu_mul
 
@@ -35,6 +36,12 @@ CASES = {
         lambda: (torch.randn(2, 5, 8), torch.randn(8)),
     ),
     "silu_gated_mlp": (lambda g, u: silu_mul(g, u).sum(), lambda: (torch.randn(4, 8), torch.randn(4, 8))),
+    "residual_rms_norm": (
+        # Both outputs feed the loss, as in a decoder layer (the new residual is added to the MLP output).
+        lambda x, r, w: sum(t.sum() * k for k, t in enumerate(
+            residual_rms_norm(x, r, w, eps=1e-6, offset=0.0, casting="llama"), start=1)),
+        lambda: (torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(8)),
+    ),
 }
 
 

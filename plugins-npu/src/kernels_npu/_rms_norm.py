@@ -1,4 +1,5 @@
-"""RMSNorm over ``torch_npu.npu_rms_norm`` (the ``rms_norm`` kind, variants ``standard`` and ``offset``)."""
+"""RMSNorm over ``torch_npu.npu_rms_norm`` (the ``rms_norm`` kind, variants ``standard`` and ``offset``), also after
+a decoder layer's residual add (the ``residual_rms_norm`` kind)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from ._torch_npu import load_torch_npu
 
 
-__all__ = ["rms_norm"]
+__all__ = ["residual_rms_norm", "rms_norm"]
 
 
 def rms_norm(
@@ -36,3 +37,21 @@ def rms_norm(
         out = npu.npu_rms_norm(hidden_states, scale.to(dtype), epsilon=float(eps))[0]
         return out.to(torch.promote_types(scale.dtype, dtype))
     raise ValueError(f"rms_norm: unknown casting {casting!r}; expected 'llama' or 'gemma'")
+
+
+def residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add in PyTorch, then :func:`rms_norm`: ``(rms_norm(residual + x), residual + x)``.
+
+    Follows the ``residual_rms_norm`` calling convention. Without it the core's portable kernel (pure PyTorch)
+    would take a pre-norm decoder layer's post-attention norm away from ``npu_rms_norm``; this keeps that norm on
+    the operator. torch_npu's fused ``npu_add_rms_norm`` is not wired: it cannot be verified without hardware.
+
+    Example:
+        >>> y, new_residual = residual_rms_norm(x, residual, layer.weight, eps=1e-6, offset=0.0,
+        ...                                     casting="llama")  # doctest: +SKIP
+    """
+    new_residual = residual + hidden_states
+    return rms_norm(new_residual, weight, eps=eps, offset=offset, casting=casting), new_residual

@@ -28,13 +28,20 @@ def kernel_specs() -> tuple[KernelSpec, ...]:
 
     Example:
         >>> sorted(spec.kind for spec in kernel_specs())
-        ['attention', 'moe_experts', 'rms_norm', 'rotary_embedding', 'silu_gated_mlp']
+        ['attention', 'moe_experts', 'residual_rms_norm', 'rms_norm', 'rotary_embedding', 'silu_gated_mlp']
     """
     return (
         KernelSpec(
             id="npu.rms_norm.fused", kind="rms_norm", variants=("standard", "offset"), backend=BACKEND,
             impl=f"{_P}._rms_norm:rms_norm", priority=PRIORITY, supports=_TRAINABLE, dtypes=_DTYPES,
             description="torch_npu.npu_rms_norm (offset variant passes 1 + weight as gamma)",
+        ),
+        KernelSpec(
+            id="npu.residual_rms_norm.rms_norm", kind="residual_rms_norm", variants=("standard", "offset"),
+            backend=BACKEND, impl=f"{_P}._rms_norm:residual_rms_norm", priority=PRIORITY, supports=_TRAINABLE,
+            dtypes=_DTYPES,
+            description="the residual add in PyTorch, then torch_npu.npu_rms_norm (keeps the post-attention norm "
+                        "on the operator)",
         ),
         KernelSpec(
             id="npu.silu_gated_mlp.swiglu", kind="silu_gated_mlp", variants=("split", "fused"), backend=BACKEND,

@@ -19,12 +19,15 @@ kernels-triton's own Triton kernels (RMSNorm, RoPE, gated activations) fuse the 
 launch and a thinner Python side; on NVIDIA that host-side difference is what made them faster
 (``benchmarks/results/cuda-*-h200.json``), and host-side Python costs the same whichever GPU follows. They rank
 above Liger's where both apply, on the same architectures as Liger's row-wise kernels (no ``tl.dot``); for RMSNorm
-``F.rms_norm`` stays first by the rule above and the Triton kernel comes second.
+``F.rms_norm`` stays first by the rule above and the Triton kernel comes second. The fused residual add + RMSNorm
+(``residual_rms_norm``) has no single ATen kernel (eager runs the add, then ``F.rms_norm``), so by the same rule its
+Triton kernel comes first and the native pair second; it has not been timed on any GPU yet.
 
 Under ``Mode.TORCH_COMPILE`` only kernels declaring it qualify and the same order picks: ``F.rms_norm``'s native
 math for RMSNorm (Inductor fuses it), kernels-triton's RoPE and gated MLP (traced as ``torch.library`` custom ops)
 and Liger's fused linear cross-entropy (an opaque custom op), the same choices as on CUDA, where they were
-measured fastest under compile.
+measured fastest under compile; and, as on CUDA, kernels-triton's residual add + RMSNorm as a custom op (not
+measured against Inductor's own fusion of the native pair anywhere yet).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ TRITON_ARCHS: Mapping[str, tuple[str, ...]] = {
     "silu_gated_mlp": LIGER_ROW_ARCHS,
     "gelu_gated_mlp": LIGER_ROW_ARCHS,
     "rotary_embedding": LIGER_ROW_ARCHS,
+    "residual_rms_norm": LIGER_ROW_ARCHS,
 }
 
 TRITON_PRIORITIES: Mapping[str, int] = {
@@ -93,6 +97,7 @@ TRITON_PRIORITIES: Mapping[str, int] = {
     "silu_gated_mlp": FIRST,  # Liger's fusion with a thinner host side
     "gelu_gated_mlp": FIRST,
     "rotary_embedding": FIRST,
+    "residual_rms_norm": FIRST,  # no single ATen kernel does the add and the norm: eager runs two
 }
 
 NATIVE_PRIORITIES: Mapping[str, int] = {
@@ -101,6 +106,7 @@ NATIVE_PRIORITIES: Mapping[str, int] = {
     "silu_gated_mlp": SECOND,
     "gelu_gated_mlp": SECOND,
     "rotary_embedding": SECOND,
+    "residual_rms_norm": SECOND,
 }
 
 

@@ -7,7 +7,7 @@ time and never breaks the graph.
 from __future__ import annotations
 
 
-__all__ = ["tracing"]
+__all__ = ["inference_trace", "tracing"]
 
 
 def tracing() -> bool:
@@ -20,3 +20,22 @@ def tracing() -> bool:
     import torch
 
     return bool(torch.compiler.is_compiling())
+
+
+def inference_trace(*tensors: object) -> bool:
+    """True while Dynamo traces a call that records no autograd graph (inference under ``torch.compile``).
+
+    There an opaque custom op saves nothing (nothing is saved for backward) and only stops Inductor from fusing
+    the op with its neighbours, so adapters hand Inductor the native math instead. Training graphs keep the
+    custom ops: they save less for backward than Inductor's decomposition would.
+
+    Example:
+        >>> import torch
+        >>> inference_trace(torch.zeros(1))   # eager: never
+        False
+    """
+    import torch
+
+    if not tracing():
+        return False
+    return not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))

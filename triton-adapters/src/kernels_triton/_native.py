@@ -21,6 +21,7 @@ __all__ = [
     "gelu_tanh_mul",
     "layer_norm",
     "moe_experts_dense",
+    "residual_rms_norm",
     "rms_norm",
     "rms_norm_reference",
     "rotary_embedding",
@@ -100,6 +101,27 @@ def rms_norm(
         return F.rms_norm(hidden_states, shape, weight, eps)
     # A float32 weight with a half-precision input promotes the output to float32 in eager; keep that exact.
     return rms_norm_reference(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+
+
+def residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add in the inputs' dtype, then :func:`rms_norm`: ``(rms_norm(residual + x), residual + x)``.
+
+    Eagerly two ATen kernels (the add, then ``F.rms_norm``); under ``torch.compile`` Inductor fuses the add into the
+    norm's kernel itself, forward and backward.
+
+    Example:
+        >>> import torch
+        >>> x, residual = torch.randn(2, 8), torch.randn(2, 8)
+        >>> normed, new_residual = residual_rms_norm(x, residual, torch.ones(8), eps=1e-6, offset=0.0,
+        ...                                          casting="llama")
+        >>> torch.equal(new_residual, residual + x), normed.shape
+        (True, torch.Size([2, 8]))
+    """
+    new_residual = residual + hidden_states
+    return rms_norm(new_residual, weight, eps=eps, offset=offset, casting=casting), new_residual
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -76,8 +76,10 @@ LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
 }
 
 # This package's own Triton kernels (``_triton_kernels``): one launch per direction and a thin Python side, for
-# the memory-bound kinds where Liger's host-side costs dominate at transformer sizes. Under torch.compile they
-# are traced as torch.library custom ops (``_triton_ops``): opaque to Inductor, saving what they save eagerly.
+# the memory-bound kinds where Liger's host-side costs dominate at transformer sizes (the residual add + RMSNorm
+# kernel, a decoder layer's add and post-attention norm in one pass, has no Liger adapter here). Under
+# torch.compile they are traced as torch.library custom ops (``_triton_ops``): opaque to Inductor, saving what
+# they save eagerly.
 _TRITON = Supports.BACKWARD | Supports.TORCH_COMPILE
 TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rms_norm": AdapterEntry(
@@ -95,6 +97,10 @@ TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rotary_embedding": AdapterEntry(
         "rotary_embedding", ("full", "partial"), f"{_PKG}._triton:rotary_embedding", _TRITON,
         "Triton RoPE, q and k in one launch (inputs never modified)",
+    ),
+    "residual_rms_norm": AdapterEntry(
+        "residual_rms_norm", ("standard", "offset"), f"{_PKG}._triton:residual_rms_norm", _TRITON,
+        "Triton residual add + RMSNorm, one launch per direction (saves the sum and a float32 rstd per row)",
     ),
 }
 
@@ -118,6 +124,11 @@ NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = {
     "layer_norm": AdapterEntry(
         "layer_norm", ("bias", "no_bias"), f"{_PKG}._native:layer_norm", Supports.BACKWARD | Supports.TORCH_COMPILE,
         "torch.nn.functional.layer_norm",
+    ),
+    "residual_rms_norm": AdapterEntry(
+        "residual_rms_norm", ("standard", "offset"), f"{_PKG}._native:residual_rms_norm",
+        Supports.BACKWARD | Supports.TORCH_COMPILE,
+        "ATen add, then the native RMSNorm eagerly; under torch.compile Inductor fuses the add into the norm",
     ),
 }
 
@@ -151,8 +162,8 @@ def adapter_kernel_specs(
         ...                              archs=("gfx942",))
         >>> next(s for s in specs if s.kind == "rms_norm").priority
         90
-        >>> sorted(s.id for s in adapter_kernel_specs("triton", "cuda"))[:2]
-        ['cuda.gelu_gated_mlp.triton', 'cuda.rms_norm.triton']
+        >>> sorted(s.id for s in adapter_kernel_specs("triton", "cuda"))[:3]
+        ['cuda.gelu_gated_mlp.triton', 'cuda.residual_rms_norm.triton', 'cuda.rms_norm.triton']
     """
     if family not in _FAMILIES:
         raise ValueError(f"unknown adapter family {family!r}; expected one of {sorted(_FAMILIES)}")

@@ -6,7 +6,7 @@ kernel reproduces the eager module for the inputs at hand and otherwise takes th
 dtype promotion the kernel does not reproduce, layouts it does not take. Eagerly the kernels run through
 ``autograd.Function`` s (the cheapest call); while Dynamo traces (``torch.compile``) the same kernels are called
 through their ``torch.library`` custom ops (:mod:`kernels_triton._triton_ops`), which Dynamo records as opaque
-graph nodes.
+graph nodes, in training; traced for inference (no autograd graph) they hand Inductor the native math to fuse.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import torch
 
 from . import _native
 from . import _triton_kernels
+from ._compile import inference_trace
 from ._compile import tracing
 from ._device import on_device_of
 
 
-__all__ = ["gelu_tanh_mul", "rms_norm", "rms_norm_supported", "rotary_embedding", "silu_mul"]
+__all__ = ["gelu_tanh_mul", "residual_rms_norm", "residual_rms_norm_supported", "rms_norm", "rms_norm_supported",
+           "rotary_embedding", "silu_mul"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -67,10 +69,54 @@ def rms_norm(
         >>> rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([4, 64])
     """
-    if not rms_norm_supported(hidden_states, weight, casting=casting):
+    if not rms_norm_supported(hidden_states, weight, casting=casting) or inference_trace(hidden_states, weight):
         return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     with on_device_of(hidden_states):
         return _kernels().rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
+
+
+def residual_rms_norm_supported(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *,
+                                casting: str) -> bool:
+    """Whether the fused Triton kernel reproduces the eager residual add and norm for these inputs.
+
+    As :func:`rms_norm_supported`, and the residual has the attention output's shape, dtype and device (another
+    dtype would promote the sum in eager).
+
+    Example:
+        >>> x = torch.zeros(2, 8)
+        >>> residual_rms_norm_supported(x, x, torch.zeros(8), casting="llama")   # CPU tensors: native path
+        False
+    """
+    return (
+        residual.dtype == hidden_states.dtype
+        and residual.shape == hidden_states.shape
+        and residual.device == hidden_states.device
+        and rms_norm_supported(hidden_states, weight, casting=casting)
+    )
+
+
+def residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's residual add and the RMSNorm after it, one Triton launch per direction.
+
+    Returns ``(rms_norm(residual + hidden_states), residual + hidden_states)``. Saves the sum (the next residual,
+    kept by the layer anyway) and one float32 ``rstd`` per row; the backward adds the gradient reaching the sum
+    directly, so the attention output and the residual get their gradient from one kernel.
+
+    Example:
+        >>> x, residual, w = torch.randn(4, 64), torch.randn(4, 64), torch.ones(64)   # CPU: native path
+        >>> normed, new_residual = residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")
+        >>> torch.equal(new_residual, residual + x)
+        True
+    """
+    if (not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting)
+            or inference_trace(hidden_states, residual, weight)):
+        return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+    with on_device_of(hidden_states):
+        return _kernels().residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                            gemma=casting == "gemma")
 
 
 def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -87,7 +133,7 @@ def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
 
 
 def _gated(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
-    if not _gated_ok(gate, up):
+    if not _gated_ok(gate, up) or inference_trace(gate, up):
         return _native.gelu_tanh_mul(gate, up) if gelu else _native.silu_mul(gate, up)
     with on_device_of(gate):
         return _kernels().gated_activation(gate, up, gelu=gelu)
@@ -149,7 +195,7 @@ def rotary_embedding(
         >>> torch.equal(out[0], q)
         True
     """
-    if not _rotary_ok(q, k, cos, sin, unsqueeze_dim):
+    if not _rotary_ok(q, k, cos, sin, unsqueeze_dim) or inference_trace(q, k):
         return _native.rotary_embedding(q, k, cos, sin, unsqueeze_dim)
     with on_device_of(q):
         if unsqueeze_dim == 2:

@@ -1,11 +1,13 @@
-"""Our own Triton kernels for the memory-bound layer kinds: RMSNorm, rotary embedding, gated activations.
+"""Our own Triton kernels for the memory-bound layer kinds: RMSNorm (alone or fused with the residual add before
+it), rotary embedding, gated activations.
 
 Why not only Liger's: measured on an H200 (``benchmarks/results/cuda-rmsnorm-h200.json``), Liger's RMSNorm spends
 60-120 us per forward and ~600 us per backward on the host whatever the size, and neither it nor
 ``F.rms_norm`` reaches 85% of copy bandwidth between 16M and 67M elements. These kernels keep the Python side
 to one launch per direction (grid and block sizes cached per shape), compute in float32, and save for backward
-only what the gradient needs (RMSNorm: the input and one float32 ``rstd`` per row; gated activations: gate and
-up; RoPE: nothing but the ``cos``/``sin`` it was given).
+only what the gradient needs (RMSNorm: the input and one float32 ``rstd`` per row; residual add + RMSNorm: the sum,
+which is the next residual and kept anyway, and the ``rstd``; gated activations: gate and up; RoPE: nothing but
+the ``cos``/``sin`` it was given).
 
 This module imports Triton at import time; adapters import it lazily, only for GPU tensors.
 """
@@ -24,8 +26,9 @@ import triton
 import triton.language as tl
 
 
-__all__ = ["gated_activation", "gated_backward", "gated_forward", "rms_norm", "rms_norm_backward",
-           "rms_norm_forward", "rotary", "rotary_launch", "unit_last_stride"]
+__all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "dense_rows", "gated_activation", "gated_backward",
+           "gated_forward", "residual_rms_norm", "rms_norm", "rms_norm_backward", "rms_norm_forward", "rotary",
+           "rotary_launch", "unit_last_stride"]
 
 # Rows longer than this do not fit one block's registers; callers take the native path instead.
 MAX_RMS_NORM_COLS = 32768
@@ -245,6 +248,172 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     else:
         y, _ = rms_norm_forward(x2, weight, float(eps), float(offset), gemma, store_rstd=False)
     return y.view(hidden_states.shape)
+
+
+# ------------------------------------------------------------------------------------- residual add + RMSNorm
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _add_rms_norm_fwd_kernel(
+    X, R, W, Y, S, RSTD, n_rows, eps, offset, N_COLS: tl.constexpr,
+    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # The RMSNorm forward above, reading the attention output and the residual instead of one input and writing
+    # their sum (the next residual) beside the normalised rows.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < N_COLS
+    mask = row_mask[:, None] & col_mask[None, :]
+    offs = rows.to(tl.int64)[:, None] * N_COLS + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+    # Eager adds in the input dtype and normalises that rounded sum: round here at the same point.
+    s = (x + r).to(S.dtype.element_ty)
+    tl.store(S + offs, s, mask=mask)
+    s = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N_COLS + eps)
+    shat = s * rstd[:, None]
+    w = tl.load(W + cols, mask=col_mask, other=0.0)
+    if GEMMA:
+        y = shat * (w.to(tl.float32) + offset)[None, :]
+    else:
+        if HAS_OFFSET:
+            w = (w.to(tl.float32) + offset).to(W.dtype.element_ty)
+        y = shat.to(S.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+    if STORE_RSTD:
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
+def _add_rms_norm_bwd_kernel(
+    DY, DS, S, W, RSTD, DX, DW_PARTIAL, n_rows, offset, rows_per_program, N_COLS: tl.constexpr,
+    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # The RMSNorm backward over the saved sum, plus the gradient reaching the sum directly (the layer's final
+    # residual add): dx = d_norm(dy) + ds, which is also the residual's gradient. One rounding, in float32.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N_COLS
+    w = tl.load(W + cols, mask=col_mask, other=0.0)
+    if GEMMA:
+        scale = w.to(tl.float32) + offset
+    elif HAS_OFFSET:
+        scale = (w.to(tl.float32) + offset).to(W.dtype.element_ty).to(tl.float32)
+    else:
+        scale = w.to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for start in range(first, last, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < last
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = rows.to(tl.int64)[:, None] * N_COLS + cols[None, :]
+        s = tl.load(S + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        shat = s * rstd[:, None]
+        if GEMMA:
+            dw += tl.sum(dy * shat, axis=0)
+        else:
+            dw += tl.sum(dy * shat.to(S.dtype.element_ty).to(tl.float32), axis=0)
+        g = dy * scale[None, :]
+        c = tl.sum(g * shat, axis=1) / N_COLS
+        dx = (g - shat * c[:, None]) * rstd[:, None]
+        if HAS_DS:
+            dx += tl.load(DS + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, dw, mask=col_mask)
+
+
+_launch_add_rms_norm_fwd = _Launcher(_add_rms_norm_fwd_kernel)
+_launch_add_rms_norm_bwd = _Launcher(_add_rms_norm_bwd_kernel)
+
+
+def dense_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[rows, cols]`` with contiguous rows (a view where it already is), what the norm kernels read."""
+    n_cols = t.shape[-1]
+    t2 = t.reshape(-1, n_cols)
+    if t2.stride(-1) != 1 or (t2.shape[0] > 1 and t2.stride(0) != n_cols):
+        t2 = t2.contiguous()
+    return t2
+
+
+def add_rms_norm_forward(x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                         gemma: bool, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Over contiguous rows ``x2``, ``r2`` ``[rows, cols]``: the normalised sum, the sum, and (if asked) the rstd."""
+    n_rows, n_cols = x2.shape
+    y = torch.empty_like(x2)
+    s = torch.empty_like(x2)
+    rstd = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if store_rstd else None
+    block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
+    _launch_add_rms_norm_fwd(
+        triton.cdiv(n_rows, block_m), x2, r2, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
+        n_cols, gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
+    )
+    return y, s, rstd
+
+
+def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor,
+                          rstd: torch.Tensor, offset: float, gemma: bool, *,
+                          want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gradient of the sum's inputs (the same for the attention output and the residual) and of the weight.
+
+    ``dy`` is the gradient of the normalised output, ``ds`` that of the sum itself (None: zero).
+    """
+    n_rows, n_cols = s2.shape
+    dy = dy.contiguous()
+    ds = ds.contiguous() if ds is not None else None
+    dx = torch.empty_like(s2)
+    block_m, block_n, num_warps = _norm_tiling(n_cols, s2.element_size())
+    programs = max(1, min(2 * _sm_count(s2.device.index or 0), triton.cdiv(n_rows, block_m)))
+    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
+    programs = triton.cdiv(n_rows, rows_per_program)
+    partial = torch.empty(programs, n_cols, device=s2.device, dtype=torch.float32)
+    _launch_add_rms_norm_bwd(
+        programs, dy, ds if ds is not None else dy, s2, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
+        n_cols, gemma, offset != 0.0, ds is not None, block_m, block_n, num_warps=num_warps,
+    )
+    return dx, (partial.sum(0).to(weight.dtype) if want_dw else None)
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, r2, weight, eps, offset, gemma):
+        y, s, rstd = add_rms_norm_forward(x2, r2, weight, eps, offset, gemma, store_rstd=True)
+        # The sum is an output the caller keeps anyway (it is the next residual): saving it costs no memory.
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.offset, ctx.gemma = offset, gemma
+        ctx.set_materialize_grads(False)
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        s, weight, rstd = ctx.saved_tensors
+        need_x, need_r, need_w = ctx.needs_input_grad[:3]
+        if dy is None:  # the normalised output was not used: only the sum's gradient flows, unchanged
+            return ds if need_x else None, ds if need_r else None, None, None, None, None
+        dx, dw = add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma, want_dw=need_w)
+        return dx if need_x else None, dx if need_r else None, dw, None, None, None
+
+
+def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
+                      offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(residual + hidden_states), residual + hidden_states)`` in one launch per direction.
+
+    Same-shape, same-dtype inputs; outputs in that dtype. Callers check the supported cases. Saves the sum (which
+    the caller keeps as the next residual anyway) and one float32 ``rstd`` per row; under ``no_grad`` nothing.
+    """
+    x2, r2 = dense_rows(hidden_states), dense_rows(residual)
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
+        y, s = _AddRMSNorm.apply(x2, r2, weight, float(eps), float(offset), gemma)
+    else:
+        y, s, _ = add_rms_norm_forward(x2, r2, weight, float(eps), float(offset), gemma, store_rstd=False)
+    return y.view(hidden_states.shape), s.view(hidden_states.shape)
 
 
 # --------------------------------------------------------------------------------------------------- RoPE

@@ -27,7 +27,7 @@ from . import _triton_kernels
 from ._device import on_device_of
 
 
-__all__ = ["gated_activation", "rms_norm", "rotary"]
+__all__ = ["gated_activation", "residual_rms_norm", "rms_norm", "rotary"]
 
 
 # ------------------------------------------------------------------------------------------------------ RMSNorm
@@ -89,6 +89,74 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     x2 = hidden_states.reshape(-1, n_cols)
     y, _ = _rms_norm_op(x2, weight, float(eps), float(offset), gemma)
     return y.view(hidden_states.shape)
+
+
+# ---------------------------------------------------------------------------------------- residual add + RMSNorm
+
+
+# Like the RMSNorm op, the forward always writes rstd; the sum is an output the caller keeps as the next residual.
+@torch.library.custom_op("kernels_triton::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(
+    x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with on_device_of(x2):
+        y, s, rstd = _triton_kernels.add_rms_norm_forward(x2.contiguous(), r2.contiguous(), weight, eps, offset,
+                                                          gemma, store_rstd=True)
+    return y, s, rstd
+
+
+@_add_rms_norm_op.register_fake
+def _(x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+      gemma: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(x2, memory_format=torch.contiguous_format),
+            torch.empty_like(x2, memory_format=torch.contiguous_format),
+            x2.new_empty((x2.shape[0],), dtype=torch.float32))
+
+
+@torch.library.custom_op("kernels_triton::add_rms_norm_backward", mutates_args=())
+def _add_rms_norm_backward_op(
+    dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+    offset: float, gemma: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with on_device_of(s2):
+        dx, dw = _triton_kernels.add_rms_norm_backward(dy, ds, s2.contiguous(), weight, rstd, offset, gemma,
+                                                       want_dw=True)
+    return dx, dw
+
+
+@_add_rms_norm_backward_op.register_fake
+def _(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+      offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(s2, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+def _add_rms_norm_setup(ctx: object, inputs: tuple, output: tuple) -> None:
+    _, _, weight, _, offset, gemma = inputs
+    _, s, rstd = output
+    ctx.save_for_backward(s, weight, rstd)  # type: ignore[attr-defined]
+    ctx.offset, ctx.gemma = offset, gemma  # type: ignore[attr-defined]
+    ctx.mark_non_differentiable(rstd)  # type: ignore[attr-defined]
+
+
+def _add_rms_norm_grad(ctx: object, dy: torch.Tensor | None, ds: torch.Tensor | None, _: torch.Tensor) -> tuple:
+    s, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
+    if dy is None:  # the normalised output was not used (autograd may pass None for it)
+        dy = torch.zeros_like(s)
+    dx, dw = _add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)  # type: ignore[attr-defined]
+    # The sum's gradient is that of both of its inputs.
+    return dx, dx, dw, None, None, None
+
+
+_add_rms_norm_op.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+
+
+def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
+                      offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kernels_triton._triton_kernels.residual_rms_norm` through the custom op (same arguments, same result)."""
+    n_cols = hidden_states.shape[-1]
+    y, s, _ = _add_rms_norm_op(hidden_states.reshape(-1, n_cols), residual.reshape(-1, n_cols), weight, float(eps),
+                               float(offset), gemma)
+    return y.view(hidden_states.shape), s.view(hidden_states.shape)
 
 
 # --------------------------------------------------------------------------------------------------------- RoPE

@@ -24,6 +24,13 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         hint_names=("RMSNorm",),
     ),
     LayerKind(
+        name="residual_rms_norm",
+        description="pre-norm decoder layer: residual add after attention + post_attention_layernorm (RMSNorm) fused",
+        variants=("standard", "offset"),
+        matcher=f"{_P}._decoder:match_residual_rms_norm",
+        adapter=f"{_P}._decoder:adapt_residual_rms_norm",
+    ),
+    LayerKind(
         name="layer_norm",
         description="LayerNorm over the last dimension",
         variants=("bias", "no_bias"),

@@ -15,6 +15,7 @@ __all__ = [
     "gated_activation",
     "layer_norm",
     "moe_experts",
+    "residual_rms_norm",
     "rms_norm",
     "rotary",
 ]
@@ -35,6 +36,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float
     if casting == "gemma":
         return (normed * (offset + weight.float())).to(x.dtype)
     raise ValueError(f"casting {casting!r} must be 'llama' or 'gemma'")
+
+
+def residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm decoder layer's residual add and the RMSNorm after it: ``(rms_norm(residual + x), residual + x)``.
+
+    The sum is taken in the inputs' dtype, as the eager layer does, and normalised as :func:`rms_norm` does.
+
+    Example:
+        >>> normed, new_residual = residual_rms_norm(torch.ones(2, 4), torch.ones(2, 4), torch.ones(4), eps=1e-6,
+        ...                                          offset=0.0, casting="llama")
+        >>> new_residual[0].tolist(), normed.shape
+        ([2.0, 2.0, 2.0, 2.0], torch.Size([2, 4]))
+    """
+    new_residual = residual + hidden_states
+    return rms_norm(new_residual, weight, eps=eps, offset=offset, casting=casting), new_residual
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, eps: float) -> torch.Tensor:

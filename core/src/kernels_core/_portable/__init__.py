@@ -7,7 +7,7 @@ priorities of 100 and above, so on their hardware they win over these automatica
 Example:
     >>> from kernels_core._portable import SPECS
     >>> sorted(spec.kind for spec in SPECS)
-    ['causal_lm_loss', 'rms_norm', 'silu_gated_mlp']
+    ['causal_lm_loss', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp']
 """
 
 from __future__ import annotations
@@ -32,6 +32,19 @@ SPECS: tuple[KernelSpec, ...] = (
         supports=_TRAINABLE,
         dtypes=_ALL_FLOATS,
         description="chunked fused linear cross-entropy; never materializes [tokens, vocab] logits",
+    ),
+    KernelSpec(
+        # CPU only: on another backend it would take post-attention norms away from that backend's own RMSNorm
+        # kernel (the portable add + norm is no faster anywhere); a vendor declares its own fused kind there.
+        id="cpu.residual_rms_norm.recompute",
+        kind="residual_rms_norm",
+        variants=("standard", "offset"),
+        backend="cpu",
+        impl="kernels_core._portable._residual_rms_norm:residual_rms_norm",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="residual add, then the portable RMSNorm (recomputed in backward); no fusion in pure PyTorch",
     ),
     KernelSpec(
         id="any.rms_norm.recompute",

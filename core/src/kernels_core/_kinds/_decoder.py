@@ -1,0 +1,375 @@
+"""Pre-norm decoder layers: the residual add after attention and the RMSNorm after it, as one kernel.
+
+transformers' Llama-style decoder layer (Llama, Mistral, Qwen2/3, Gemma, Mixtral, ...) computes::
+
+    residual = h; h = input_layernorm(h); h, _ = self_attn(hidden_states=h, ...)
+    h = residual + h; residual = h; h = post_attention_layernorm(h)     <- residual_rms_norm: one kernel
+    h = mlp(h); h = residual + h
+
+The matcher accepts a layer only if its class forward uses exactly those four sub-modules and hands every argument
+on (checked in its code), and a probe of the layer's own forward, with real attention inputs, equals the adapter
+running the reference math, in eval and in training behaviour. Post-norm and sandwich layouts (OLMo-2, Gemma 2/3,
+GLM-4), parallel attention and MLP (Cohere, Phi), residual multipliers (Granite) and residual dropout (Phi-3) use
+other sub-modules or attributes and are declined with the reason.
+
+The adapter keeps the layer's own ``input_layernorm``, ``self_attn`` and ``mlp`` (their kernels still apply) and
+hands only the residual add and ``post_attention_layernorm`` to the kernel. transformers 5 checkpoints activations
+inside a wrapper around the class forward; the adapter re-creates that wrapper around the fused forward, so
+gradient checkpointing keeps working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import functools
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._types import Decline
+from .._types import Match
+from . import _reference
+from ._context import MatchContext
+from ._context import close
+from ._context import instance_override
+from ._context import math_key
+from ._context import param_dtype
+from ._context import plain_class_forward
+from ._context import rel_error
+from ._norms import match_rms_norm
+
+
+__all__ = ["KIND", "adapt_residual_rms_norm", "match_residual_rms_norm"]
+
+KIND = "residual_rms_norm"
+
+# The attribute names the pre-norm template's forward uses, and nothing else (bytecode ``co_names``).
+_TEMPLATE = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"})
+
+# What a family using more or fewer names does instead, for the report.
+_EXPLAINED = {
+    "pre_feedforward_layernorm": "sandwich norms around the MLP (Gemma 2/3 style)",
+    "post_feedforward_layernorm": "a norm after the MLP (post-norm, OLMo-2 / Gemma 2 style)",
+    "post_self_attn_layernorm": "a norm after attention (GLM-4 style)",
+    "post_mlp_layernorm": "a norm after the MLP (GLM-4 style)",
+    "residual_multiplier": "a residual multiplier (Granite style)",
+    "resid_attn_dropout": "dropout on the residual branch",
+    "resid_mlp_dropout": "dropout on the residual branch",
+    "resid_dropout": "dropout on the residual branch",
+}
+
+_PROBE_TOKENS = 5
+
+
+def _is_checkpointing_wrapper(fn: object) -> bool:
+    """transformers 5's ``forward_with_checkpointing`` (``GradientCheckpointingLayer.__init_subclass__``)."""
+    code = getattr(fn, "__code__", None)
+    return (
+        code is not None
+        and code.co_name == "forward_with_checkpointing"
+        and "forward" in code.co_freevars
+        and code.co_filename.replace("\\", "/").endswith("transformers/modeling_layers.py")
+    )
+
+
+def _outer_wrapper(module: nn.Module) -> tuple[types.FunctionType | None, str | None]:
+    """(the outermost checkpointing wrapper of the class forward or None, why the wrapping is unsupported or None)."""
+    fn: Any = type(module).forward
+    outer = None
+    while hasattr(fn, "__wrapped__"):
+        if not _is_checkpointing_wrapper(fn):
+            what = getattr(fn, "__qualname__", type(fn).__name__)
+            return None, f"the class forward is wrapped by {what!r}; a fused forward would bypass that wrapper"
+        outer = outer or fn
+        fn = fn.__wrapped__
+    return outer, None
+
+
+def _loaded_locals(fn: Callable[..., Any]) -> set[str]:
+    """Local names the function's bytecode reads (``LOAD_FAST`` and its variants)."""
+    names: set[str] = set()
+    for instruction in dis.get_instructions(fn):
+        if instruction.opname.startswith("LOAD_FAST"):
+            value = instruction.argval
+            names.update(value if isinstance(value, tuple) else (value,))
+    return names
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    """How the class forward takes its arguments: all of them are handed on to ``self_attn`` as keywords."""
+
+    positional: tuple[str, ...]  # positional-or-keyword parameters after the hidden states
+    defaults: tuple[tuple[str, Any], ...]  # their defaults, and those of keyword-only parameters
+
+
+@functools.lru_cache(maxsize=256)
+def _arguments(forward: Callable[..., Any]) -> _Arguments | str:
+    """The forward's parameters, or why the fused forward cannot take them the same way (cached per class)."""
+    params = list(inspect.signature(forward).parameters.values())[1:]
+    if not params or params[0].kind is not params[0].POSITIONAL_OR_KEYWORD:
+        return "forward does not take the hidden states as its first argument"
+    odd = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)]
+    if odd:
+        return f"forward takes positional-only or *args parameters {odd}"
+    loaded = _loaded_locals(forward)
+    unused = sorted(p.name for p in params if p.name not in loaded)
+    if unused:
+        return f"forward does not pass {unused} on (to self_attn); the fused forward would"
+    rest = params[1:]
+    positional = tuple(p.name for p in rest if p.kind is p.POSITIONAL_OR_KEYWORD)
+    defaults = tuple((p.name, p.default) for p in rest
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty)
+    return _Arguments(positional, defaults)
+
+
+def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, offset: float,
+                   casting: str) -> Callable[..., Any]:
+    """The layer's forward with the residual add and ``post_attention_layernorm`` done by ``impl``."""
+    arguments = _arguments(plain_class_forward(module))
+    if isinstance(arguments, str):
+        raise TypeError(f"{type(module).__name__}: {arguments}")
+    names, defaults = arguments.positional, dict(arguments.defaults)
+
+    def forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__}.forward takes {len(names) + 1} positional arguments "
+                            f"but {len(args) + 1} were given")
+        # The template hands every argument on to self_attn as a keyword, **kwargs included.
+        attention_kwargs = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
+        hidden_states, residual = impl(hidden_states, residual, self.post_attention_layernorm.weight, eps=eps,
+                                       offset=offset, casting=casting)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states
+
+    wrapper, _ = _outer_wrapper(module)
+    if wrapper is None:
+        return forward.__get__(module, type(module))
+    # transformers 5 checkpoints inside this wrapper of the class forward: the same wrapper code around the fused
+    # forward (only its ``forward`` cell differs), so gradient checkpointing and its cache handling stay exact.
+    code = wrapper.__code__
+    cells = tuple(types.CellType(forward) if name == "forward" else cell
+                  for name, cell in zip(code.co_freevars, wrapper.__closure__ or (), strict=True))
+    rewrapped = types.FunctionType(code, wrapper.__globals__, wrapper.__name__, wrapper.__defaults__, cells)
+    rewrapped.__kwdefaults__ = wrapper.__kwdefaults__
+    return rewrapped.__get__(module, type(module))
+
+
+def adapt_residual_rms_norm(module: nn.Module, match: Match, impl: Callable[..., Any],
+                            options: dict) -> Callable[..., Any]:
+    """The decoder layer's forward, calling ``impl(x, residual, weight, *, eps, offset, casting)`` for add + norm."""
+    return _fused_forward(module, impl, eps=match.params["eps"], offset=match.params["offset"],
+                          casting=match.params["casting"])
+
+
+def match_residual_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """Pre-norm decoder layers whose ``post_attention_layernorm`` is an RMSNorm, verified by a probe."""
+    children = module._modules
+    if not (isinstance(children.get("self_attn"), nn.Module)
+            and any(isinstance(children.get(n), nn.Module) for n in ("input_layernorm", "post_attention_layernorm"))):
+        return None
+    if getattr(plain_class_forward(module), "__code__", None) is None:
+        return None
+    return ctx.verdict(KIND, module, lambda: _classify(module, name, ctx))
+
+
+def _structure_problem(module: nn.Module) -> str | None:
+    forward = plain_class_forward(module)
+    names = frozenset(forward.__code__.co_names)
+    if names != _TEMPLATE:
+        extra, missing = sorted(names - _TEMPLATE), sorted(_TEMPLATE - names)
+        why = sorted({_EXPLAINED[n] for n in extra if n in _EXPLAINED})
+        parts = [f"also uses {extra}"] if extra else []
+        if missing:
+            parts.append(f"does not use {missing}")
+        if "post_attention_layernorm" in missing and "mlp" not in missing:
+            why.append("no norm between the residual add and the MLP (parallel attention and MLP?)")
+        because = f" ({'; '.join(why)})" if why else ""
+        return (f"forward is not the pre-norm template (input_layernorm, self_attn, residual add, "
+                f"post_attention_layernorm, mlp, residual add): it {' and '.join(parts)}{because}")
+    for child in _TEMPLATE:
+        if not isinstance(module._modules.get(child), nn.Module):
+            return f"{child} is not a sub-module"
+    _, wrapped = _outer_wrapper(module)
+    if wrapped:
+        return wrapped
+    arguments = _arguments(forward)
+    return arguments if isinstance(arguments, str) else None
+
+
+def _offloads(hook: object) -> bool:
+    """Whether an accelerate hook (or any in a ``SequentialHook``) loads the module's weights when it is called."""
+    hooks = getattr(hook, "hooks", None) or (hook,)
+    return any(bool(getattr(h, "offload", False)) for h in hooks)
+
+
+def _norm_problem(norm: nn.Module) -> str | None:
+    """Why reading the norm's weight without calling the norm module could see something else than its forward."""
+    if norm._forward_hooks or norm._forward_pre_hooks:
+        return ("post_attention_layernorm has forward hooks (adapters, activation capture?); the fused kernel reads "
+                "its weight without calling it and would bypass them")
+    # accelerate's device-placement hooks only move inputs, which the layer's own hook has done already; an
+    # offloading one loads the weight at call time, which the fused kernel would never trigger.
+    if "_hf_hook" in norm.__dict__ and _offloads(norm.__dict__["_hf_hook"]):
+        return "post_attention_layernorm's weight is offloaded (loaded by its accelerate hook only when called)"
+    if "torch.distributed.fsdp" in sys.modules:
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover - torch builds without distributed
+            return None
+        if isinstance(norm, FSDPModule):
+            return "post_attention_layernorm is its own FSDP unit; its weight is gathered only when it is called"
+    return None
+
+
+def _classify(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline:
+    problem = _structure_problem(module)
+    if problem:
+        return Decline(KIND, problem)
+    if instance_override(module) is not None:
+        return Decline(KIND, "the instance forward was already replaced by other code; leaving it alone")
+    norm = module.post_attention_layernorm
+    problem = _norm_problem(norm)
+    if problem:
+        return Decline(KIND, problem)
+    norm_verdict = match_rms_norm(norm, f"{name}.post_attention_layernorm", ctx)
+    if norm_verdict is None:
+        return Decline(KIND, f"post_attention_layernorm is {type(norm).__name__}, not an RMSNorm")
+    if isinstance(norm_verdict, Decline):
+        return Decline(KIND, f"post_attention_layernorm: {norm_verdict.reason}")
+    params = {key: norm_verdict.params[key] for key in ("eps", "offset", "casting")}
+    weight = norm.weight
+    dtype = param_dtype(module) or weight.dtype
+    if weight.device.type == "meta":
+        return Decline(KIND, "parameters are on the meta device; the math cannot be verified")
+    # Layers differing only in their sub-modules' layer_idx (a KV-cache slot, unused by the probe) share one probe.
+    key = _probe_key(module)
+    if key not in ctx.memo:
+        ctx.memo[key] = _probe(module, ctx.original_forward(module), ctx, norm_verdict.variant, params, weight.device,
+                               dtype, weight.numel())
+    return ctx.memo[key]
+
+
+def _probe_key(module: nn.Module) -> tuple[object, ...]:
+    """The layer's math key without ``layer_idx``: the probe compares two forwards over the same sub-modules, so
+    what a sub-module does with its index (which KV-cache slot it fills) is the same in both."""
+    parts: list[object] = []
+    for part in math_key(module):
+        if isinstance(part, tuple) and len(part) == 4 and isinstance(part[2], tuple):
+            scalars = tuple(p for p in part[2] if not (isinstance(p, tuple) and p[:1] == ("layer_idx",)))
+            part = (*part[:2], scalars, part[3])
+        parts.append(part)
+    return (KIND, "probe", tuple(parts))
+
+
+@contextlib.contextmanager
+def _same_randomness(device: torch.device, seed: int) -> Iterator[None]:
+    """The same random stream for each probe run (dropout masks match); the caller's RNG state is kept."""
+    cpu_state = torch.random.get_rng_state()
+    cuda: tuple[int, torch.Tensor] | None = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        cuda = (index, torch.cuda.get_rng_state(index))
+    try:
+        torch.random.default_generator.manual_seed(seed)
+        if cuda is not None:
+            torch.cuda.default_generators[cuda[0]].manual_seed(seed)
+        yield
+    finally:
+        torch.random.set_rng_state(cpu_state)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda[1], cuda[0])
+
+
+def _model_position_embeddings(ctx: MatchContext, x: torch.Tensor, position_ids: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(cos, sin) from the model's own rotary embedding module, in the layout and dtype its attention expects."""
+    for candidate in ctx.root.modules():
+        if not any(name.endswith("inv_freq") for name in candidate._buffers):
+            continue
+        try:
+            with torch.no_grad():
+                out = candidate(x, position_ids)
+        except Exception:  # noqa: BLE001 - another signature (per layer type, ...): synthesise instead
+            continue
+        if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
+            return out
+    return None
+
+
+def _probe_kwargs(module: nn.Module, ctx: MatchContext, x: torch.Tensor, gen: torch.Generator) -> dict[str, Any]:
+    """The arguments a transformers decoder layer gets from its model, for a causal batch without padding."""
+    params = inspect.signature(plain_class_forward(module)).parameters
+    device, dtype = x.device, x.dtype
+    position_ids = torch.arange(_PROBE_TOKENS, device=device)[None]
+    kwargs: dict[str, Any] = {}
+    if "attention_mask" in params:
+        kwargs["attention_mask"] = None  # causal attention without padding
+    if "position_ids" in params:
+        kwargs["position_ids"] = position_ids
+    if "position_embeddings" not in params:
+        return kwargs
+    embeddings = _model_position_embeddings(ctx, x, position_ids)
+    if embeddings is None:
+        # No usable rotary module (a bare layer, say): rotate-half cos/sin over the model's rotary dims.
+        dims = ctx.rotary_dims()
+        head_dim = getattr(module.self_attn, "head_dim", None)
+        if len(dims) == 1:
+            rotary = next(iter(dims))
+        elif head_dim in dims or not dims:
+            rotary = head_dim
+        else:  # several sizes (per attention type): any one the attention accepts serves the comparison
+            rotary = max(dims)
+        if isinstance(rotary, int) and rotary > 0:
+            angles = ctx.randn(1, _PROBE_TOKENS, rotary // 2, device=device, dtype=torch.float32, gen=gen) * 3
+            emb = torch.cat((angles, angles), dim=-1)
+            embeddings = (emb.cos().to(dtype), emb.sin().to(dtype))
+    if embeddings is not None:
+        kwargs["position_embeddings"] = embeddings
+    return kwargs
+
+
+def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, variant: str, params: dict[str, Any],
+           device: torch.device, dtype: torch.dtype, hidden: int) -> Match | Decline:
+    gen = ctx.generator(device)
+    x = ctx.randn(2, _PROBE_TOKENS, hidden, device=device, dtype=dtype, gen=gen)
+    kwargs = _probe_kwargs(module, ctx, x, gen)
+    template = _fused_forward(module, _reference.residual_rms_norm, **params)
+
+    def seeded(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with _same_randomness(device, 1234):
+                return fn(x, **kwargs)
+        return run
+
+    try:
+        actual = ctx.run_probe(module, seeded(original))
+    except Exception as exc:  # noqa: BLE001 - a layer we cannot probe is left alone
+        return Decline(KIND, f"probe forward raised {type(exc).__name__}: {exc}")
+    if not all(isinstance(out, torch.Tensor) for out in actual):
+        return Decline(KIND, f"forward returns {type(actual[0]).__name__}, not the hidden states tensor")
+    try:
+        expected = ctx.run_probe(module, seeded(template))
+    except Exception as exc:  # noqa: BLE001
+        return Decline(KIND, f"the pre-norm template raised {type(exc).__name__} on this layer ({exc}); its "
+                             "sub-modules do not behave like Llama's (an MLP returning a tuple?)")
+    if not all(close(a, e, dtype) for a, e in zip(actual, expected, strict=True)):
+        err = max((rel_error(a, e) if a.shape == e.shape else float("inf")) for a, e in zip(actual, expected,
+                                                                                           strict=True))
+        return Decline(KIND, f"probe output differs from the pre-norm template with a fused residual add + "
+                             f"RMSNorm in eval or training behaviour (rel. error {err:.1e}); math differs")
+    casting = params["casting"]
+    return Match(KIND, variant, params,
+                 evidence=f"forward is the pre-norm decoder template and a probe of the layer matches it with the "
+                          f"fused {variant}/{casting} residual add + RMSNorm")
