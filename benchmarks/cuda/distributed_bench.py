@@ -203,6 +203,24 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
 
 
+def _merge_round(previous: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any]:
+    """One row per variant over all rounds: tokens/s is the median round, every round's value kept beside it."""
+    if previous is None or "error" in previous or "error" in row:
+        merged = dict(row if previous is None or "error" in row else previous)
+        if "tokens_per_s" in merged:
+            merged["tokens_per_s_each_round"] = [merged["tokens_per_s"]]
+        return merged
+    each = [*previous["tokens_per_s_each_round"], row["tokens_per_s"]]
+    middle = sorted(each)[len(each) // 2]
+    merged = dict(previous)
+    merged.update(tokens_per_s=middle, step_ms=previous["step_ms"] * previous["tokens_per_s"] / middle,
+                  tokens_per_s_each_round=each,
+                  peak_GiB=max(previous["peak_GiB"] or 0.0, row["peak_GiB"] or 0.0) or None)
+    if row["losses"] != previous["losses"]:
+        merged.setdefault("losses_other_rounds", []).append(row["losses"])
+    return merged
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -312,6 +330,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="sequences per rank (default 4, --tiny 2)")
     parser.add_argument("--seq", type=int, help="tokens per sequence (default 2048, --tiny 128)")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the whole variant list this many times, interleaved, and report each variant's "
+                             "median tokens/s (a shared machine's drift then hits every variant alike)")
     args = parser.parse_args()
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
@@ -340,24 +361,26 @@ def main() -> None:
     }
     rows: dict[str, dict[str, Any]] = {}
     failed = False
-    for name in args.variants.split(","):
-        if rank == 0:
-            print(f"== {name} ({time.strftime('%X')})", flush=True)
-        try:
-            row = run_variant(name, args, device, batches)
-        except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report; the others still run
-            how, order = VARIANTS[name]
-            row = {"variant": name, "wrapper": how, "kernelize": order,
-                   "error": f"{type(exc).__name__}: {exc}"[:3000], "traceback": traceback.format_exc()[-6000:]}
-            print(f"[rank {rank}] {name} failed:\n{row['traceback']}", file=sys.stderr, flush=True)
-            failed = True
-            _free(device)
-        rows[name] = row
-        if rank == 0:
-            ratios = compare(rows)
-            write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios,
-                                  "targets": targets(rows, ratios)})
-        dist.barrier()
+    names = args.variants.split(",")
+    for repeat in range(args.repeats):
+        for name in names:
+            if rank == 0:
+                print(f"== {name} ({time.strftime('%X')}, round {repeat + 1}/{args.repeats})", flush=True)
+            try:
+                row = run_variant(name, args, device, batches)
+            except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report; others still run
+                how, order = VARIANTS[name]
+                row = {"variant": name, "wrapper": how, "kernelize": order,
+                       "error": f"{type(exc).__name__}: {exc}"[:3000], "traceback": traceback.format_exc()[-6000:]}
+                print(f"[rank {rank}] {name} failed:\n{row['traceback']}", file=sys.stderr, flush=True)
+                failed = True
+                _free(device)
+            rows[name] = _merge_round(rows.get(name), row)
+            if rank == 0:
+                ratios = compare(rows)
+                write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios,
+                                      "targets": targets(rows, ratios)})
+            dist.barrier()
     if rank == 0:
         ratios = compare(rows)
         checks = targets(rows, ratios)
