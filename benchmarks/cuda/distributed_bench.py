@@ -61,24 +61,19 @@ TARGET_LOSS_REL = 1e-3
 TARGET_BEFORE_AFTER = 0.03
 
 
-def _set_distributed_env() -> None:
-    # NVLink SHARP / multicast objects fail on the lent H200 hosts (KINDS.md); NCCL and symmetric memory read these
-    # when their communicators are created, so they must be in place before init_process_group.
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-
-
 def setup(device_type: str) -> torch.device:
-    _set_distributed_env()
-    if device_type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return device
+    """The process group, with the NVLink-multicast switches of the lent hosts; the GPU tests' own setup."""
+    return _workers().init_distributed(device_type)
+
+
+def _workers():  # noqa: ANN202 - a module
+    # The distributed GPU tests' helpers (process group, FSDP2/DDP wrapping) serve the benchmark too.
+    workers = HERE.parents[1] / "plugins-cuda" / "tests" / "distributed_workers"
+    if str(workers) not in sys.path:
+        sys.path.insert(0, str(workers))
+    import _shared
+
+    return _shared
 
 
 def _normalise(module_name: str) -> str:
@@ -107,17 +102,7 @@ def summarise_report(report: Any) -> dict[str, Any]:
 
 
 def wrap(model: torch.nn.Module, how: str, device: torch.device) -> torch.nn.Module:
-    if how == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        # One FSDP unit per decoder layer, then the root (embedding, final norm, lm_head): the usual FSDP2 recipe.
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return _workers().wrap(model, how, device)
 
 
 def _sync(device: torch.device) -> None:

@@ -117,9 +117,11 @@ def test_compiled_gated_matches_eager(ops, gelu, dtype):
 
 
 @requires_cuda
-def test_adapters_record_the_custom_ops_when_traced():
-    # Through the adapters (which take the native path on CPU), tracing must record one opaque node per kernel,
-    # not the native math and not a graph break.
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_adapters_record_the_custom_ops_when_traced(training):
+    # Through the adapters (which take the native path on CPU), a training trace must record one opaque node per
+    # kernel, not the native math and not a graph break; an inference trace (nothing needs a gradient) records
+    # the native math instead, for Inductor to fuse.
     from kernels_triton import _triton
 
     graphs = []
@@ -138,7 +140,10 @@ def test_adapters_record_the_custom_ops_when_traced():
             torch.randn(8, 32, device="cuda"), torch.randn(1, 4, 8, 16, device="cuda"),
             torch.randn(1, 2, 8, 16, device="cuda"), torch.randn(1, 8, 16, device="cuda"),
             torch.randn(1, 8, 16, device="cuda"))
+    if training:
+        args = tuple(a.requires_grad_() if i not in (1, 6, 7) else a for i, a in enumerate(args))
     torch.compile(block, fullgraph=True, backend=recording_backend)(*args)
     targets = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
     for op in ("kernels_triton.rms_norm", "kernels_triton.rotary", "kernels_triton.gated"):
-        assert any(op in target for target in targets), f"{op} not in the traced graph: {sorted(targets)}"
+        recorded = any(op in target for target in targets)
+        assert recorded == training, f"{op} {'not ' if training else ''}in the traced graph: {sorted(targets)}"

@@ -56,6 +56,20 @@ def init_distributed(device_type: str) -> torch.device:
     return device
 
 
+def wrap(model: torch.nn.Module, how: str, device: torch.device) -> torch.nn.Module:
+    """FSDP2 (``fully_shard`` on every decoder layer, then the root: the usual recipe) or DDP around ``model``."""
+    if how == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 

@@ -26,6 +26,7 @@ from _shared import init_distributed
 from _shared import log
 from _shared import rel
 from _shared import tiny_model
+from _shared import wrap
 
 
 # Relative loss tolerances: (before vs after, kernelized vs eager). The two orders run the same kernels on the same
@@ -35,17 +36,6 @@ from _shared import tiny_model
 TOLERANCES = {"float32": (1e-4, 1e-3), "bfloat16": (1e-2, 2e-2)}
 
 
-def wrap(model: torch.nn.Module, how: str, device: torch.device) -> torch.nn.Module:
-    if how == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def train(order: str | None, args: argparse.Namespace, dtype_name: str, device: torch.device) -> dict[str, Any]:

@@ -126,45 +126,6 @@ def _rms_norm_fwd_kernel(
         tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
-@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
-def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, offset, rows_per_program, N_COLS: tl.constexpr,
-    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N_COLS
-    w = tl.load(W + cols, mask=col_mask, other=0.0)
-    if GEMMA:
-        scale = w.to(tl.float32) + offset
-    elif HAS_OFFSET:
-        scale = (w.to(tl.float32) + offset).to(W.dtype.element_ty).to(tl.float32)
-    else:
-        scale = w.to(tl.float32)
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    first = pid * rows_per_program
-    last = tl.minimum(first + rows_per_program, n_rows)
-    for start in range(first, last, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        row_mask = rows < last
-        mask = row_mask[:, None] & col_mask[None, :]
-        rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        xhat = x * rstd[:, None]
-        if GEMMA:
-            dw += tl.sum(dy * xhat, axis=0)
-        else:
-            dw += tl.sum(dy * xhat.to(X.dtype.element_ty).to(tl.float32), axis=0)
-        g = dy * scale[None, :]
-        # d/dx of x * rsqrt(mean(x^2) + eps): rstd * (g - xhat * mean(g * xhat)).
-        c = tl.sum(g * xhat, axis=1) / N_COLS
-        dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64[:, None] * N_COLS + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, dw, mask=col_mask)
-
-
 @functools.lru_cache(maxsize=64)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -181,7 +142,6 @@ def _norm_tiling(n_cols: int, element_size: int) -> tuple[int, int, int]:
 
 
 _launch_rms_norm_fwd = _Launcher(_rms_norm_fwd_kernel)
-_launch_rms_norm_bwd = _Launcher(_rms_norm_bwd_kernel)
 
 
 def rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
@@ -215,22 +175,11 @@ class _RMSNorm(torch.autograd.Function):
 
 def rms_norm_backward(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
                       gemma: bool, *, want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gradients of the input rows and (if ``want_dw``) of the weight, from the saved rows and their rstd."""
-    n_rows, n_cols = x2.shape
-    dy = dy.contiguous()
-    dx = torch.empty_like(x2)
-    block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
-    # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
-    # program to sum afterwards instead of atomics (deterministic).
-    programs = max(1, min(2 * _sm_count(x2.device.index or 0), triton.cdiv(n_rows, block_m)))
-    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
-    programs = triton.cdiv(n_rows, rows_per_program)
-    partial = torch.empty(programs, n_cols, device=x2.device, dtype=torch.float32)
-    _launch_rms_norm_bwd(
-        programs, dy, x2, weight, rstd, dx, partial, n_rows, offset, rows_per_program, n_cols, gemma,
-        offset != 0.0, block_m, block_n, num_warps=num_warps,
-    )
-    return dx, (partial.sum(0).to(weight.dtype) if want_dw else None)
+    """Gradients of the input rows and (if ``want_dw``) of the weight, from the saved rows and their rstd.
+
+    The fused residual kernel's backward with no gradient reaching the sum directly is exactly this.
+    """
+    return add_rms_norm_backward(dy, None, x2, weight, rstd, offset, gemma, want_dw=want_dw)
 
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
@@ -370,6 +319,8 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.T
     ds = ds.contiguous() if ds is not None else None
     dx = torch.empty_like(s2)
     block_m, block_n, num_warps = _norm_tiling(n_cols, s2.element_size())
+    # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
+    # program to sum afterwards instead of atomics (deterministic).
     programs = max(1, min(2 * _sm_count(s2.device.index or 0), triton.cdiv(n_rows, block_m)))
     rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
     programs = triton.cdiv(n_rows, rows_per_program)
