@@ -93,19 +93,13 @@ DEVICES = ["cuda", "cpu"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fsdp2_kernelize_before_and_after_fully_shard(device):
-    """Same kernels per module in either order, losses equal to each other and to eager FSDP2 (fp32 and bf16)."""
+@pytest.mark.parametrize("wrapper", ["fsdp", "ddp"])
+def test_kernelize_before_and_after_wrapping(device, wrapper):
+    """FSDP2 (fully_shard per layer, then root) or DDP: the same kernels per module in either order, and losses
+    equal to each other and to the eager wrapped model (fp32 and bf16)."""
     if reason := _skip_reason(device, distributed=True):
         pytest.skip(reason)
-    stdout = _run(["train_worker.py", "--wrap", "fsdp", "--device", device], torchrun=True)
-    assert stdout.count(": OK;") == 2, stdout
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_ddp_kernelize_before_and_after_wrapping(device):
-    if reason := _skip_reason(device, distributed=True):
-        pytest.skip(reason)
-    stdout = _run(["train_worker.py", "--wrap", "ddp", "--device", device], torchrun=True)
+    stdout = _run(["train_worker.py", "--wrap", wrapper, "--device", device], torchrun=True)
     assert stdout.count(": OK;") == 2, stdout
 
 
