@@ -22,6 +22,7 @@ from ._forward import KernelForward
 from ._forward import ReroutedForward
 from ._forward import load_ref
 from ._kinds._context import BINDING_ATTR
+from ._kinds._context import FOREIGN_FORWARD
 from ._kinds._context import MatchContext
 from ._kinds._context import forward_slot
 from ._kinds._context import instance_override
@@ -224,8 +225,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 # silently skip that. accelerate's hooks are not in this case: kernels go inside them.
                 what = getattr(foreign, "__qualname__", None) or type(foreign).__qualname__
                 entries.append(_entry(module_name, verdict, target,
-                                      reason=f"the instance forward was replaced by other code ({what}); a kernel "
-                                             "would bypass it, so the module is left alone"))
+                                      reason=f"{FOREIGN_FORWARD} ({what}); a kernel would bypass it, so the "
+                                             "module is left alone"))
                 continue
             choice = resolver.choose(verdict, target)
             if choice.kernel is None:

@@ -45,9 +45,9 @@ def residual_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add in PyTorch, then :func:`rms_norm`: ``(rms_norm(residual + x), residual + x)``.
 
-    Follows the ``residual_rms_norm`` calling convention. Without it the core's portable kernel (pure PyTorch)
-    would take a pre-norm decoder layer's post-attention norm away from ``npu_rms_norm``; this keeps that norm on
-    the operator. torch_npu's fused ``npu_add_rms_norm`` is not wired: it cannot be verified without hardware.
+    Follows the ``residual_rms_norm`` calling convention and keeps the post-attention norm on ``npu_rms_norm``
+    when that kind is bound, so it computes what the ``rms_norm`` kind alone would. torch_npu's fused
+    ``npu_add_rms_norm`` is not wired: it cannot be verified without hardware.
 
     Example:
         >>> y, new_residual = residual_rms_norm(x, residual, layer.weight, eps=1e-6, offset=0.0,

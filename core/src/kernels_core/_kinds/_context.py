@@ -31,8 +31,10 @@ from torch import nn
 __all__ = [
     "MatchContext",
     "accelerate_hooked",
+    "FOREIGN_FORWARD",
     "dtensor_placements",
     "forward_slot",
+    "fsdp_module_type",
     "instance_override",
     "math_key",
     "close",
@@ -112,6 +114,10 @@ def forward_slot(module: nn.Module) -> str:
     return "_old_forward" if accelerate_hooked(module) else "forward"
 
 
+# Why a module whose forward other code replaced per instance is left alone (the report's reason starts so).
+FOREIGN_FORWARD = "the instance forward was already replaced by other code"
+
+
 def instance_override(module: nn.Module) -> object | None:
     """What replaced the class forward on this instance before kernels-core bound anything, or None.
 
@@ -137,7 +143,8 @@ def dtensor_placements(tensor: object) -> str | None:
     return str(tuple(tensor.placements)) if isinstance(tensor, DTensor) else None
 
 
-def _fsdp_module_type() -> type | None:
+def fsdp_module_type() -> type | None:
+    """``torch.distributed.fsdp.FSDPModule``, or None where nothing can be FSDP2-managed (never imports it)."""
     if "torch.distributed.fsdp" not in sys.modules:  # fully_shard imports it; nothing is FSDP-managed otherwise
         return None
     try:
@@ -204,7 +211,7 @@ class MatchContext:
 
     def _fsdp_units(self, module: nn.Module) -> list[nn.Module]:
         """FSDP2 units owning parameters of ``module`` that are sharded right now (empty without FSDP2)."""
-        fsdp_module = _fsdp_module_type()
+        fsdp_module = fsdp_module_type()
         if fsdp_module is None or not any(dtensor_placements(p) for p in module.parameters()):
             return []
         if self._parents is None:
@@ -289,16 +296,29 @@ class MatchContext:
         return torch.randn(*shape, generator=gen, device=on, dtype=torch.float32).to(device=device, dtype=dtype)
 
     def rotary_modules(self) -> list[nn.Module]:
-        """The model's rotary embedding modules (those holding an ``inv_freq``-like buffer)."""
-        return [m for m in self.root.modules()
-                if any(name.endswith("inv_freq") for name in m._buffers) and callable(getattr(m, "forward", None))]
+        """The model's rotary embedding modules: those holding an ``inv_freq`` buffer, or one per attention type
+        (``sliding_attention_inv_freq`` in Gemma 3)."""
+        return [m for m in self.root.modules() if any(name.endswith("inv_freq") for name in m._buffers)]
+
+    def position_embeddings(self, x: torch.Tensor, position_ids: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) from the model's own rotary embedding for activations like ``x``, in the dtype and layout its
+        attention receives them, or None if no rotary module takes ``(x, position_ids)``."""
+        for module in self.rotary_modules():
+            try:
+                with torch.no_grad():
+                    out = module(x, position_ids)
+            except Exception:  # noqa: BLE001 - another signature (per layer type, ...): the caller decides
+                continue
+            if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
+                return out
+        return None
 
     def rotary_dims(self) -> set[int]:
         """Dimensions rotated by the model's rotary embedding modules (2 * len(inv_freq))."""
         if self._rotary_dims is None:
             dims: set[int] = set()
-            for module in self.root.modules():
-                # "inv_freq", or one per attention type ("sliding_attention_inv_freq" in Gemma 3).
+            for module in self.rotary_modules():
                 for name, buffer in module._buffers.items():
                     if name.endswith("inv_freq") and isinstance(buffer, torch.Tensor) and buffer.dim() == 1:
                         dims.add(2 * buffer.numel())

@@ -24,7 +24,6 @@ import contextlib
 import dis
 import functools
 import inspect
-import sys
 import types
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
-from ._context import instance_override
+from ._context import fsdp_module_type
 from ._context import math_key
 from ._context import param_dtype
 from ._context import plain_class_forward
@@ -223,13 +222,9 @@ def _norm_problem(norm: nn.Module) -> str | None:
     # offloading one loads the weight at call time, which the fused kernel would never trigger.
     if "_hf_hook" in norm.__dict__ and _offloads(norm.__dict__["_hf_hook"]):
         return "post_attention_layernorm's weight is offloaded (loaded by its accelerate hook only when called)"
-    if "torch.distributed.fsdp" in sys.modules:
-        try:
-            from torch.distributed.fsdp import FSDPModule
-        except ImportError:  # pragma: no cover - torch builds without distributed
-            return None
-        if isinstance(norm, FSDPModule):
-            return "post_attention_layernorm is its own FSDP unit; its weight is gathered only when it is called"
+    fsdp_module = fsdp_module_type()
+    if fsdp_module is not None and isinstance(norm, fsdp_module):
+        return "post_attention_layernorm is its own FSDP unit; its weight is gathered only when it is called"
     return None
 
 
@@ -237,8 +232,6 @@ def _classify(module: nn.Module, name: str, ctx: MatchContext) -> Match | Declin
     problem = _structure_problem(module)
     if problem:
         return Decline(KIND, problem)
-    if instance_override(module) is not None:
-        return Decline(KIND, "the instance forward was already replaced by other code; leaving it alone")
     norm = module.post_attention_layernorm
     problem = _norm_problem(norm)
     if problem:
@@ -292,22 +285,6 @@ def _same_randomness(device: torch.device, seed: int) -> Iterator[None]:
             torch.cuda.set_rng_state(cuda[1], cuda[0])
 
 
-def _model_position_embeddings(ctx: MatchContext, x: torch.Tensor, position_ids: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(cos, sin) from the model's own rotary embedding module, in the layout and dtype its attention expects."""
-    for candidate in ctx.root.modules():
-        if not any(name.endswith("inv_freq") for name in candidate._buffers):
-            continue
-        try:
-            with torch.no_grad():
-                out = candidate(x, position_ids)
-        except Exception:  # noqa: BLE001 - another signature (per layer type, ...): synthesise instead
-            continue
-        if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
-            return out
-    return None
-
-
 def _probe_kwargs(module: nn.Module, ctx: MatchContext, x: torch.Tensor, gen: torch.Generator) -> dict[str, Any]:
     """The arguments a transformers decoder layer gets from its model, for a causal batch without padding."""
     params = inspect.signature(plain_class_forward(module)).parameters
@@ -320,7 +297,7 @@ def _probe_kwargs(module: nn.Module, ctx: MatchContext, x: torch.Tensor, gen: to
         kwargs["position_ids"] = position_ids
     if "position_embeddings" not in params:
         return kwargs
-    embeddings = _model_position_embeddings(ctx, x, position_ids)
+    embeddings = ctx.position_embeddings(x, position_ids)
     if embeddings is None:
         # No usable rotary module (a bare layer, say): rotate-half cos/sin over the model's rotary dims.
         dims = ctx.rotary_dims()

@@ -17,6 +17,7 @@ from torch import nn
 from .._types import Decline
 from .._types import Match
 from . import _reference
+from ._context import FOREIGN_FORWARD
 from ._context import MatchContext
 from ._context import close
 from ._context import instance_override
@@ -37,7 +38,7 @@ def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
     if hasattr(forward, "__wrapped__"):
         return "the class forward is wrapped by a decorator, so its globals cannot be rerouted per instance"
     if instance_override(module) is not None:
-        return "the instance forward was already replaced by other code; leaving it alone"
+        return f"{FOREIGN_FORWARD}; leaving it alone"
     if not callable(forward.__globals__.get(global_name)):
         return f"{global_name!r} is not a callable global of {forward.__module__}"
     return None
@@ -89,16 +90,9 @@ def _output_dtype_policy(fn: Callable[..., Any], device: torch.device, ctx: Matc
 
 def _model_cos_dtype(ctx: MatchContext, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype the model's rotary embedding really produces for activations of ``dtype`` (float32 or ``dtype``)."""
-    for module in ctx.rotary_modules():
-        try:
-            with torch.no_grad():
-                cos, _sin = module(torch.zeros(1, 2, 8, device=device, dtype=dtype),
-                                   torch.arange(2, device=device)[None])
-        except Exception:  # noqa: BLE001 - an unusual signature: probe both dtypes instead
-            continue
-        if isinstance(cos, torch.Tensor) and cos.is_floating_point():
-            return cos.dtype
-    return dtype
+    embeddings = ctx.position_embeddings(torch.zeros(1, 2, 8, device=device, dtype=dtype),
+                                         torch.arange(2, device=device)[None])
+    return embeddings[0].dtype if embeddings is not None and embeddings[0].is_floating_point() else dtype
 
 
 def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:

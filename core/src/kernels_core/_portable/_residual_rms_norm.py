@@ -3,8 +3,8 @@
 The sum is taken in the inputs' dtype, as the eager layer does, and normalised by the portable
 :func:`~kernels_core._portable._rms_norm.rms_norm`, which recomputes the norm in backward instead of keeping its
 float32 intermediates. Pure PyTorch cannot fuse the add into the norm, so this saves what the portable RMSNorm
-saves and nothing more; it exists so that the ``residual_rms_norm`` kind runs on any device, and as the
-fallback vendor kernels hand inputs to that they cannot serve.
+saves and nothing more; it serves the ``residual_rms_norm`` kind on CPU, the only backend it is declared for,
+so that elsewhere a backend's own RMSNorm kernel keeps the post-attention norms.
 
 Example:
     >>> import torch
