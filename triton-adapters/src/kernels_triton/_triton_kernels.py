@@ -96,6 +96,26 @@ class _Launcher:
 # --------------------------------------------------------------------------------------------------- RMSNorm
 
 
+@triton.jit
+def _normalize_rows(v, SRC, W, Y, RSTD, offs, rows, row_mask, cols, col_mask, mask, eps, offset,
+                    N_COLS: tl.constexpr, GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr):
+    # RMSNorm of the float32 rows ``v`` (values of SRC's dtype), written to Y; shared by both forward kernels.
+    rstd = tl.rsqrt(tl.sum(v * v, axis=1) / N_COLS + eps)
+    vhat = v * rstd[:, None]
+    w = tl.load(W + cols, mask=col_mask, other=0.0)
+    if GEMMA:
+        # Gemma: everything in float32, one rounding at the end.
+        y = vhat * (w.to(tl.float32) + offset)[None, :]
+    else:
+        # Llama: round the normalised input to the input dtype, then scale by the weight (rounded after +offset).
+        if HAS_OFFSET:
+            w = (w.to(tl.float32) + offset).to(W.dtype.element_ty)
+        y = vhat.to(SRC.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+    if STORE_RSTD:
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD, n_rows, eps, offset, N_COLS: tl.constexpr,
@@ -108,22 +128,10 @@ def _rms_norm_fwd_kernel(
     row_mask = rows < n_rows
     col_mask = cols < N_COLS
     mask = row_mask[:, None] & col_mask[None, :]
-    rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N_COLS + eps)
-    xhat = x * rstd[:, None]
-    w = tl.load(W + cols, mask=col_mask, other=0.0)
-    if GEMMA:
-        # Gemma: everything in float32, one rounding at the end.
-        y = xhat * (w.to(tl.float32) + offset)[None, :]
-    else:
-        # Llama: round the normalised input to the input dtype, then scale by the weight (rounded after +offset).
-        if HAS_OFFSET:
-            w = (w.to(tl.float32) + offset).to(W.dtype.element_ty)
-        y = xhat.to(X.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
-    tl.store(Y + rows64[:, None] * N_COLS + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    if STORE_RSTD:
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+    offs = rows.to(tl.int64)[:, None] * N_COLS + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    _normalize_rows(x, X, W, Y, RSTD, offs, rows, row_mask, cols, col_mask, mask, eps, offset, N_COLS, GEMMA,
+                    HAS_OFFSET, STORE_RSTD)
 
 
 @functools.lru_cache(maxsize=64)
@@ -221,19 +229,8 @@ def _add_rms_norm_fwd_kernel(
     # Eager adds in the input dtype and normalises that rounded sum: round here at the same point.
     s = (x + r).to(S.dtype.element_ty)
     tl.store(S + offs, s, mask=mask)
-    s = s.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N_COLS + eps)
-    shat = s * rstd[:, None]
-    w = tl.load(W + cols, mask=col_mask, other=0.0)
-    if GEMMA:
-        y = shat * (w.to(tl.float32) + offset)[None, :]
-    else:
-        if HAS_OFFSET:
-            w = (w.to(tl.float32) + offset).to(W.dtype.element_ty)
-        y = shat.to(S.dtype.element_ty).to(tl.float32) * w.to(tl.float32)[None, :]
-    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
-    if STORE_RSTD:
-        tl.store(RSTD + rows, rstd, mask=row_mask)
+    _normalize_rows(s.to(tl.float32), S, W, Y, RSTD, offs, rows, row_mask, cols, col_mask, mask, eps, offset, N_COLS,
+                    GEMMA, HAS_OFFSET, STORE_RSTD)
 
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
