@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
-# space-separated subset of: probe report memory tests nox rmsnorm elementwise qwen3 portable distributed
-# Knobs: MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
+# space-separated subset of: probe report memory tests nox host rmsnorm elementwise qwen3 portable distributed
+# Knobs: HOST_ARGS (e.g. --profile), MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS.
 # distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
 # two GPUs, tensor parallel; each check a torchrun or python subprocess; output in $OUT/pytest-distributed.txt), then
@@ -52,6 +52,11 @@ if [[ " $STAGES " == *" nox "* ]]; then
     && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
     && PYTHONPATH=/tmp/noxsite:$PYTHONPATH timeout ${TEST_TIMEOUT:-540} python3 -m nox --no-venv --no-install \
          -s "tests(vendor='cuda')" -- -q --tb=short ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/nox-cuda.txt" | tail -40
+fi
+if [[ " $STAGES " == *" host "* ]]; then
+  log host
+  timeout 240 python3 benchmarks/cuda/host_overhead_bench.py --out "$OUT/cuda-host-overhead.json" ${HOST_ARGS:-} \
+    2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" rmsnorm "* ]]; then
   log rmsnorm

@@ -8,6 +8,14 @@ copy-bandwidth target is judged on, against a same-size copy timed the same way.
 the mean time per call of 200 calls issued back to back on a tiny input, which is what a launch-bound model
 (prefill) pays per layer.
 
+The module call path: ``module_fwd_us`` times a transformers ``Qwen3RMSNorm`` kernelized by kernels-core
+(``Mode.INFERENCE``, called under ``no_grad``), so the module call, the core's forward and the size-tuned choice
+are all counted. ``chain_*`` runs a stack of 8 such modules (``Mode.TRAINING``, or the bare functions) forward
+and backward in one ``torch.autograd.grad`` and reports the time per layer: what a layer costs inside a model's
+step, every host cost on its path included except the single ``autograd.grad`` entry a step pays once. Each layer
+moves five tensors of the input's size (forward: read, write; backward: read input and gradient, write
+gradient), so its fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``.
+
     python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
 """
 
@@ -17,6 +25,7 @@ import argparse
 import pathlib
 import time
 
+import kernels_core
 import torch
 import torch.nn.functional as F
 from _common import bench
@@ -25,6 +34,7 @@ from _common import write_json
 from kernels_cuda import _ops
 from kernels_triton import _rms_norm
 from kernels_triton import _triton
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 
 SHAPES = [
@@ -46,6 +56,21 @@ SHAPES = [
 
 
 _FLUSH = None
+CHAIN = 8
+
+
+def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode, count: int) -> torch.nn.Sequential:
+    """``count`` transformers RMSNorm modules with random weights, kernelized by kernels-core for ``mode``."""
+    norms = torch.nn.Sequential(*(Qwen3RMSNorm(hidden, eps=1e-6) for _ in range(count))).to("cuda", dtype)
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.normal_(1.0, 0.1)
+    kernels_core.kernelize(norms, mode=mode)
+    applied = kernels_core.get_report(norms).applied
+    if len(applied) != count:
+        raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
+                           f"{kernels_core.get_report(norms).summary()}")
+    return norms
 
 
 def gpu_us(fn, *, calls=10, replays=15):
@@ -81,6 +106,12 @@ def gpu_us(fn, *, calls=10, replays=15):
             times.append(start.elapsed_time(end))
         medians.append(sorted(times)[len(times) // 2])
     return (medians[0] - medians[1]) / calls * 1e3
+
+
+def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
+    for weight in weights:
+        t = norm(t, weight)
+    return t
 
 
 def main() -> None:
@@ -139,6 +170,30 @@ def main() -> None:
                 torch.autograd.grad(y, (xg, wg), dy)
 
             row[f"{name}_fwdbwd_us"] = bench(fwd_bwd)
+        module = kernelized_norms(h, dtype, mode=kernels_core.Mode.INFERENCE, count=1)[0]
+        with torch.no_grad():
+            row["module_fwd_us"] = bench(lambda module=module, x=x: module(x))
+        row["module_fwd_frac_same_size_copy"] = row["copy_us"] / row["module_fwd_us"]
+        row["module_fwd_frac_copy_bw"] = nbytes / (row["module_fwd_us"] * 1e-6) / 1e9 / copy_bw
+        chain_module = kernelized_norms(h, dtype, mode=kernels_core.Mode.TRAINING, count=CHAIN)
+        weights = [norm.weight for norm in chain_module]
+        chains = {
+            "module": chain_module,
+            "f_rms_norm": lambda t, weights=weights: _apply_all(
+                t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
+            "triton": lambda t, weights=weights: _apply_all(
+                t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
+        }
+        xg = x.detach().requires_grad_(True)
+        dy = torch.randn_like(x)
+        for name, chain in chains.items():
+
+            def chain_fwd_bwd(chain=chain, xg=xg, dy=dy, weights=weights):
+                torch.autograd.grad(chain(xg), [xg, *weights], dy)
+
+            row[f"chain_{name}_per_layer_us"] = bench(chain_fwd_bwd) / CHAIN
+            row[f"chain_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] / row[f"chain_{name}_per_layer_us"]
+        del chain_module, chains, weights
         rows.append(row)
         print(
             f"{n:>6}x{h:<5} copy {row['copy_us']:7.1f}us | fwd liger {row['liger_fwd_us']:7.1f} "
@@ -147,7 +202,11 @@ def main() -> None:
             f"F {row['f_rms_norm_fwdbwd_us']:7.1f} triton {row['triton_fwdbwd_us']:7.1f} "
             f"tuned {row['tuned_fwdbwd_us']:7.1f} | GPU-only fwd: copy {row['copy_gpu_us']:6.1f} "
             + " ".join(f"{k} {row.get(k + '_fwd_gpu_us', float('nan')):6.1f}" for k in kernels)
-            + f" (tuned {row.get('tuned_fwd_gpu_frac_same_size_copy', float('nan')):.0%} of copy)",
+            + f" (tuned {row.get('tuned_fwd_gpu_frac_same_size_copy', float('nan')):.0%} of copy)"
+            + f" | module fwd {row['module_fwd_us']:6.1f} ({row['module_fwd_frac_same_size_copy']:.0%} of copy)"
+            + " | chain per layer fwd+bwd "
+            + " ".join(f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%})"
+                       for k in ("module", "f_rms_norm", "triton")),
             flush=True,
         )
     payload = {

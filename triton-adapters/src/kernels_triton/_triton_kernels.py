@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import os
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
 
-__all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "dense_rows", "gated_activation", "gated_backward",
+__all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "dense", "gated_activation", "gated_backward",
            "gated_forward", "residual_rms_norm", "rms_norm", "rms_norm_backward", "rms_norm_forward", "rotary",
            "rotary_launch", "unit_last_stride"]
 
@@ -58,19 +60,32 @@ class _Launcher:
         # Per parameter: how its argument enters the key. Constexprs and integers Triton may specialise on their
         # value are keyed by value; unspecialised integers only by whether they fit 32 bits.
         self.by_value = tuple(p.is_constexpr or not p.do_not_specialize for p in params or ())
+        self._pickers: tuple[Callable[[tuple], tuple], ...] | None = None
+
+    def _plan(self, args: tuple) -> tuple[Callable[[tuple], tuple], ...]:
+        """Pickers of the tensor, value-keyed and unspecialised-integer arguments, from one call's arguments.
+
+        Every call site passes the same kind of argument at each position, so where each kind sits is worked out
+        once; floats are never specialised and stay out of the key.
+        """
+        tensors, values, integers = [], [], []
+        for index, (by_value, arg) in enumerate(zip(self.by_value, args, strict=True)):
+            if isinstance(arg, torch.Tensor):
+                tensors.append(index)
+            elif by_value or isinstance(arg, bool):
+                values.append(index)
+            elif isinstance(arg, int):
+                integers.append(index)
+        return tuple(_picker(positions) for positions in (tensors, values, integers))
 
     def _key(self, args: tuple) -> tuple:
-        key = []
-        for by_value, arg in zip(self.by_value, args, strict=True):
-            if isinstance(arg, torch.Tensor):
-                key.append((arg.dtype, arg.data_ptr() % 16 == 0))
-            elif by_value or isinstance(arg, bool):
-                key.append(arg)
-            elif isinstance(arg, int):
-                key.append(-(2**31) <= arg < 2**31)
-            else:  # floats are never specialised
-                key.append(type(arg))
-        return tuple(key)
+        # Runs on every call: tensors by dtype and 16-byte alignment, value-keyed arguments by value,
+        # unspecialised integers by whether they fit 32 bits.
+        if self._pickers is None:
+            self._pickers = self._plan(args)
+        tensors, values, integers = self._pickers
+        return (tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in tensors(args)]), values(args),
+                tuple([-(2**31) <= i < 2**31 for i in integers(args)]))
 
     def __call__(self, grid: int, *args: object, num_warps: int) -> None:
         if not self.direct:
@@ -78,7 +93,7 @@ class _Launcher:
             return
         # Compiled kernels are loaded per device: the device (current, set by the adapters to the inputs') is
         # part of the key, like the per-device caches of Triton's own launch.
-        key = (num_warps, args[0].device.index, self._key(args))
+        key = (num_warps, args[0].get_device(), self._key(args))
         compiled = self.compiled.get(key)
         if compiled is None:
             self.compiled[key] = self.kernel[(grid,)](*args, num_warps=num_warps)
@@ -91,6 +106,26 @@ class _Launcher:
             self.direct = False
             self.kernel[(grid,)](*args, num_warps=num_warps)
 
+
+def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
+    """A C-speed ``args -> tuple(args[i] for i in positions)``."""
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        position = positions[0]
+        return lambda args: (args[position],)
+    return operator.itemgetter(*positions)
+
+
+def _cdiv(a: int, b: int) -> int:
+    # Not triton.cdiv: since Triton 3.5 that is a constexpr function, and called on the host it unwraps its
+    # arguments and runs an import on every call (microseconds each, several per launch).
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    """Host-side ``triton.next_power_of_2`` without its per-call overhead (see :func:`_cdiv`)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 # --------------------------------------------------------------------------------------------------- RMSNorm
@@ -142,7 +177,7 @@ def _sm_count(device_index: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def _norm_tiling(n_cols: int, element_size: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps): tiles of about 8 KiB of input per program, whole rows per tile."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = _next_power_of_2(n_cols)
     block_m = max(1, min(64, 8192 // (block_n * element_size)))
     elements = block_m * block_n
     num_warps = 4 if elements <= 4096 else 8 if elements <= 8192 else 16
@@ -152,15 +187,17 @@ def _norm_tiling(n_cols: int, element_size: int) -> tuple[int, int, int]:
 _launch_rms_norm_fwd = _Launcher(_rms_norm_fwd_kernel)
 
 
-def rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
                      store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward over contiguous rows ``x2`` ``[rows, cols]``: the output and, if asked, one float32 rstd per row."""
-    n_rows, n_cols = x2.shape
-    y = torch.empty_like(x2)
-    rstd = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if store_rstd else None
-    block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
+    """Forward over a contiguous ``x`` of any rank, normalised over its last dimension: the output (same shape)
+    and, if asked, one float32 rstd per row."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    y = torch.empty_like(x)
+    rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32) if store_rstd else None
+    block_m, block_n, num_warps = _norm_tiling(n_cols, x.element_size())
     _launch_rms_norm_fwd(
-        triton.cdiv(n_rows, block_m), x2, weight, y, rstd if rstd is not None else y, n_rows, eps, offset, n_cols,
+        _cdiv(n_rows, block_m), x, weight, y, rstd if rstd is not None else y, n_rows, eps, offset, n_cols,
         gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
     )
     return y, rstd
@@ -168,43 +205,39 @@ def rms_norm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset:
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, eps, offset, gemma):
-        y, rstd = rms_norm_forward(x2, weight, eps, offset, gemma, store_rstd=True)
-        ctx.save_for_backward(x2, weight, rstd)
+    def forward(ctx, x, weight, eps, offset, gemma):
+        y, rstd = rms_norm_forward(x, weight, eps, offset, gemma, store_rstd=True)
+        ctx.save_for_backward(x, weight, rstd)
         ctx.offset, ctx.gemma = offset, gemma
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.gemma, want_dw=ctx.needs_input_grad[1])
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_backward(dy, x, weight, rstd, ctx.offset, ctx.gemma, want_dw=ctx.needs_input_grad[1])
         return dx, dw, None, None, None
 
 
-def rms_norm_backward(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
                       gemma: bool, *, want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gradients of the input rows and (if ``want_dw``) of the weight, from the saved rows and their rstd.
+    """Gradients of the input and (if ``want_dw``) of the weight, from the saved contiguous input and its rstd.
 
     The fused residual kernel's backward with no gradient reaching the sum directly is exactly this.
     """
-    return add_rms_norm_backward(dy, None, x2, weight, rstd, offset, gemma, want_dw=want_dw)
+    return add_rms_norm_backward(dy, None, x, weight, rstd, offset, gemma, want_dw=want_dw)
 
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
              gemma: bool) -> torch.Tensor:
     """RMSNorm over the last dimension; output in the input dtype. Callers check the supported cases.
 
-    Without autograd (inference, ``no_grad``) the kernel runs directly and stores no ``rstd``.
+    Without autograd (inference, ``no_grad``) the kernel runs directly and stores no ``rstd``. A contiguous input
+    is read in place and the output has its shape: no reshapes on the way (each costs host time per call).
     """
-    n_cols = hidden_states.shape[-1]
-    x2 = hidden_states.reshape(-1, n_cols)
-    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != n_cols):
-        x2 = x2.contiguous()
+    x = dense(hidden_states)
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
-        y = _RMSNorm.apply(x2, weight, float(eps), float(offset), gemma)
-    else:
-        y, _ = rms_norm_forward(x2, weight, float(eps), float(offset), gemma, store_rstd=False)
-    return y.view(hidden_states.shape)
+        return _RMSNorm.apply(x, weight, float(eps), float(offset), gemma)
+    return rms_norm_forward(x, weight, float(eps), float(offset), gemma, store_rstd=False)[0]
 
 
 # ------------------------------------------------------------------------------------- residual add + RMSNorm
@@ -276,63 +309,74 @@ def _add_rms_norm_bwd_kernel(
     tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, dw, mask=col_mask)
 
 
+@functools.lru_cache(maxsize=1024)
+def _norm_backward_tiling(n_rows: int, n_cols: int, element_size: int, device_index: int) -> tuple[int, ...]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs, rows per program) of the backward.
+
+    A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per program to
+    sum afterwards instead of atomics (deterministic).
+    """
+    block_m, block_n, num_warps = _norm_tiling(n_cols, element_size)
+    programs = max(1, min(2 * _sm_count(device_index), _cdiv(n_rows, block_m)))
+    rows_per_program = _cdiv(_cdiv(n_rows, programs), block_m) * block_m
+    return block_m, block_n, num_warps, _cdiv(n_rows, rows_per_program), rows_per_program
+
+
 _launch_add_rms_norm_fwd = _Launcher(_add_rms_norm_fwd_kernel)
 _launch_add_rms_norm_bwd = _Launcher(_add_rms_norm_bwd_kernel)
 
 
-def dense_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as ``[rows, cols]`` with contiguous rows (a view where it already is), what the norm kernels read."""
-    n_cols = t.shape[-1]
-    t2 = t.reshape(-1, n_cols)
-    if t2.stride(-1) != 1 or (t2.shape[0] > 1 and t2.stride(0) != n_cols):
-        t2 = t2.contiguous()
-    return t2
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if it is contiguous, else a contiguous copy: what the norm kernels read (rows of any rank)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
-def add_rms_norm_forward(x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
                          gemma: bool, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Over contiguous rows ``x2``, ``r2`` ``[rows, cols]``: the normalised sum, the sum, and (if asked) the rstd."""
-    n_rows, n_cols = x2.shape
-    y = torch.empty_like(x2)
-    s = torch.empty_like(x2)
-    rstd = torch.empty(n_rows, device=x2.device, dtype=torch.float32) if store_rstd else None
-    block_m, block_n, num_warps = _norm_tiling(n_cols, x2.element_size())
+    """Over contiguous same-shape ``x`` and ``r`` of any rank: the normalised sum, the sum, and (if asked) the rstd."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    y = torch.empty_like(x)
+    s = torch.empty_like(x)
+    rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32) if store_rstd else None
+    block_m, block_n, num_warps = _norm_tiling(n_cols, x.element_size())
     _launch_add_rms_norm_fwd(
-        triton.cdiv(n_rows, block_m), x2, r2, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
+        _cdiv(n_rows, block_m), x, r, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
         n_cols, gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
     )
     return y, s, rstd
 
 
-def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor,
+def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor,
                           rstd: torch.Tensor, offset: float, gemma: bool, *,
                           want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gradient of the sum's inputs (the same for the attention output and the residual) and of the weight.
 
-    ``dy`` is the gradient of the normalised output, ``ds`` that of the sum itself (None: zero).
+    ``s`` is the saved contiguous sum (any rank), ``dy`` the gradient of the normalised output, ``ds`` that of
+    the sum itself (None: zero); the input gradient has ``s``'s shape.
     """
-    n_rows, n_cols = s2.shape
-    dy = dy.contiguous()
-    ds = ds.contiguous() if ds is not None else None
-    dx = torch.empty_like(s2)
-    block_m, block_n, num_warps = _norm_tiling(n_cols, s2.element_size())
-    # A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per
-    # program to sum afterwards instead of atomics (deterministic).
-    programs = max(1, min(2 * _sm_count(s2.device.index or 0), triton.cdiv(n_rows, block_m)))
-    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
-    programs = triton.cdiv(n_rows, rows_per_program)
-    partial = torch.empty(programs, n_cols, device=s2.device, dtype=torch.float32)
+    n_cols = s.shape[-1]
+    n_rows = s.numel() // n_cols
+    dy = dense(dy)
+    ds = dense(ds) if ds is not None else None
+    dx = torch.empty_like(s)
+    block_m, block_n, num_warps, programs, rows_per_program = _norm_backward_tiling(
+        n_rows, n_cols, s.element_size(), s.get_device())
+    partial = torch.empty(programs, n_cols, device=s.device, dtype=torch.float32)
     _launch_add_rms_norm_bwd(
-        programs, dy, ds if ds is not None else dy, s2, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
+        programs, dy, ds if ds is not None else dy, s, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
         n_cols, gemma, offset != 0.0, ds is not None, block_m, block_n, num_warps=num_warps,
     )
-    return dx, (partial.sum(0).to(weight.dtype) if want_dw else None)
+    if not want_dw:
+        return dx, None
+    dw = partial.sum(0)
+    return dx, (dw if dw.dtype == weight.dtype else dw.to(weight.dtype))
 
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, r2, weight, eps, offset, gemma):
-        y, s, rstd = add_rms_norm_forward(x2, r2, weight, eps, offset, gemma, store_rstd=True)
+    def forward(ctx, x, r, weight, eps, offset, gemma):
+        y, s, rstd = add_rms_norm_forward(x, r, weight, eps, offset, gemma, store_rstd=True)
         # The sum is an output the caller keeps anyway (it is the next residual): saving it costs no memory.
         ctx.save_for_backward(s, weight, rstd)
         ctx.offset, ctx.gemma = offset, gemma
@@ -356,12 +400,11 @@ def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weigh
     Same-shape, same-dtype inputs; outputs in that dtype. Callers check the supported cases. Saves the sum (which
     the caller keeps as the next residual anyway) and one float32 ``rstd`` per row; under ``no_grad`` nothing.
     """
-    x2, r2 = dense_rows(hidden_states), dense_rows(residual)
+    x, r = dense(hidden_states), dense(residual)
     if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
-        y, s = _AddRMSNorm.apply(x2, r2, weight, float(eps), float(offset), gemma)
-    else:
-        y, s, _ = add_rms_norm_forward(x2, r2, weight, float(eps), float(offset), gemma, store_rstd=False)
-    return y.view(hidden_states.shape), s.view(hidden_states.shape)
+        return _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
+    y, s, _ = add_rms_norm_forward(x, r, weight, float(eps), float(offset), gemma, store_rstd=False)
+    return y, s
 
 
 # --------------------------------------------------------------------------------------------------- RoPE
@@ -435,26 +478,31 @@ def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+@functools.lru_cache(maxsize=256)
+def _rotary_config(n_q_heads: int, n_k_heads: int, half: int, passthrough: int) -> tuple[int, int, int, int, int]:
+    """(Q_HEADS, K_HEADS, HALF, PASSTHROUGH blocks, num_warps) of the RoPE launch for one head layout."""
+    heads = max(n_q_heads, n_k_heads) * _next_power_of_2(half)
+    return (_next_power_of_2(n_q_heads), _next_power_of_2(n_k_heads), _next_power_of_2(half),
+            _next_power_of_2(passthrough), 4 if heads <= 2048 else 8)
+
+
 def rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch rotating q and k (``backward``: by the inverse rotation, which is the gradient); new outputs."""
     batch, n_q_heads, n_seq, head_dim = q.shape
     n_k_heads = k.shape[1]
-    rotary_dim = cos.shape[-1]
-    half = rotary_dim // 2
+    half = cos.shape[-1] // 2
     q_out = torch.empty_like(q)  # same strides as q, as eager's elementwise math gives
     k_out = torch.empty_like(k)
-    passthrough = head_dim - rotary_dim
+    q_block, k_block, half_block, passthrough_block, num_warps = _rotary_config(
+        n_q_heads, n_k_heads, half, head_dim - 2 * half)
     cos_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
-    heads = max(n_q_heads, n_k_heads) * triton.next_power_of_2(half)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-               cos_batch_stride, cos.stride(1))
+    strides = (*q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], cos_batch_stride,
+               cos.stride(1))
     _launch_rotary(
         batch * n_seq, q, k, cos, sin, q_out, k_out, n_seq, n_q_heads, n_k_heads, head_dim, *strides,
-        half, triton.next_power_of_2(n_q_heads), triton.next_power_of_2(n_k_heads), triton.next_power_of_2(half),
-        triton.next_power_of_2(passthrough) if passthrough else 0, backward,
-        half % 8 == 0 and all(stride % 16 == 0 for stride in strides), num_warps=4 if heads <= 2048 else 8,
+        half, q_block, k_block, half_block, passthrough_block, backward,
+        half % 8 == 0 and all(stride % 16 == 0 for stride in strides), num_warps=num_warps,
     )
     return q_out, k_out
 
@@ -557,7 +605,7 @@ def gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Ten
     """``act(gate) * up`` into a new tensor, for contiguous same-shape, same-dtype operands."""
     out = torch.empty_like(gate)
     n = gate.numel()
-    _launch_gated_fwd(triton.cdiv(n, _GATED_BLOCK), gate, up, out, n, gelu, _GATED_BLOCK, n % _GATED_BLOCK == 0,
+    _launch_gated_fwd(_cdiv(n, _GATED_BLOCK), gate, up, out, n, gelu, _GATED_BLOCK, n % _GATED_BLOCK == 0,
                       num_warps=4)
     return out
 
@@ -590,7 +638,7 @@ def gated_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gel
     dout = dout.contiguous()
     n = gate.numel()
     dgate, dup = (gate, up) if into_inputs else (torch.empty_like(gate), torch.empty_like(up))
-    _launch_gated_bwd(triton.cdiv(n, _GATED_BLOCK), dout, gate, up, dgate, dup, n, gelu, _GATED_BLOCK,
+    _launch_gated_bwd(_cdiv(n, _GATED_BLOCK), dout, gate, up, dgate, dup, n, gelu, _GATED_BLOCK,
                       n % _GATED_BLOCK == 0, num_warps=4)
     return dgate, dup
 

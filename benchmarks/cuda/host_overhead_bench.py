@@ -1,0 +1,218 @@
+"""Host time per call along the RMSNorm call path, layer by layer, forward and forward+backward, on a tiny input.
+
+A memory-bound kernel on a mid-size tensor takes 5-20 us on the GPU; when the Python side of a call takes
+longer, the GPU waits and that host time is what a module call costs. This script issues each stage of the path
+back to back on an ``[8, 1024]`` bf16 input (GPU work negligible, so the loop is host-bound) and reports the
+mean microseconds per call, side by side in one run:
+
+* forward: ``torch.empty_like``, a bare Triton launch of the compiled kernel, the kernels-triton entry points
+  (``_triton_kernels.rms_norm`` -> ``_triton.rms_norm``), kernels-cuda's size-tuned entry point, the kernelized
+  ``Qwen3RMSNorm`` module, and for reference ``F.rms_norm`` and the eager transformers module;
+* forward+backward through ``torch.autograd.grad``: ``F.rms_norm``, the Triton kernel, a trivial Python
+  ``autograd.Function`` (what any custom Function pays in the autograd engine), and the Triton backward called
+  directly without autograd.
+
+    python benchmarks/cuda/host_overhead_bench.py --out benchmarks/results/cuda-host-overhead-h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+from _common import environment
+from _common import write_json
+
+
+def per_call_us(fn, *, calls: int = 2000, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean wall time of ``calls`` back-to-back calls, synchronised at both ends."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    results = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        results.append((time.perf_counter() - start) / calls * 1e6)
+    return sorted(results)[len(results) // 2]
+
+
+class _Identity(torch.autograd.Function):
+    """A Python Function doing nothing but a copy: what the autograd engine charges any custom Function."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy
+
+
+def _identity_with_backward(extra) -> type[torch.autograd.Function]:
+    """``_Identity`` whose backward also runs ``extra()``: isolates what one step costs in the engine's thread."""
+
+    class _Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, dy):
+            extra()
+            return dy
+
+    return _Probe
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--cols", type=int, default=1024)
+    parser.add_argument("--profile", action="store_true", help="print a profiler table of the Triton fwd+bwd")
+    args = parser.parse_args()
+
+    import kernels_core
+    from kernels_cuda import _ops
+    from kernels_triton import _triton
+    from kernels_triton import _triton_kernels
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    dtype = torch.bfloat16
+    x = torch.randn(args.rows, args.cols, device="cuda", dtype=dtype)
+    w = torch.randn(args.cols, device="cuda", dtype=dtype)
+    eager_module = Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)
+    kernelized = kernels_core.kernelize(
+        torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.INFERENCE)
+    report = kernels_core.get_report(kernelized)
+    kernel_module = kernelized[0]
+
+    y = torch.empty_like(x)
+    block_m, block_n, num_warps = _triton_kernels._norm_tiling(args.cols, x.element_size())
+    grid = (args.rows + block_m - 1) // block_m
+    launch_args = (x, w, y, y, args.rows, 1e-6, 0.0, args.cols, False, False, False, block_m, block_n)
+    launcher = _triton_kernels._launch_rms_norm_fwd
+    launcher(grid, *launch_args, num_warps=num_warps)  # compile and cache
+    compiled = next(iter(launcher.compiled.values()))
+    runner = compiled[(grid, 1, 1)]
+
+    forward = {
+        "torch_empty_like": lambda: torch.empty_like(x),
+        "triton_compiled_runner": lambda: runner(*launch_args),
+        "launcher": lambda: launcher(grid, *launch_args, num_warps=num_warps),
+        "triton_kernels_rms_norm": lambda: _triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False),
+        "triton_adapter_rms_norm": lambda: _triton.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "cuda_tuned_rms_norm": lambda: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "kernelized_module": lambda: kernel_module(x),
+        "f_rms_norm": lambda: F.rms_norm(x, (args.cols,), w, 1e-6),
+        "eager_module": lambda: eager_module(x),
+    }
+    results: dict = {"forward_no_grad": {}, "forward_backward": {}}
+    with torch.no_grad():
+        for name, fn in forward.items():
+            results["forward_no_grad"][name] = per_call_us(fn)
+            print(f"fwd  {name:>26}: {results['forward_no_grad'][name]:6.1f} us", flush=True)
+
+    xg = x.detach().requires_grad_(True)
+    wg = w.detach().requires_grad_(True)
+    dy = torch.randn_like(x)
+    _, saved_rstd = _triton_kernels.rms_norm_forward(x, w, 1e-6, 0.0, False, store_rstd=True)
+
+    def grad_of(fn, inputs):
+        def run():
+            torch.autograd.grad(fn(*inputs), inputs, dy)
+        return run
+
+    backward = {
+        "f_rms_norm": grad_of(lambda a, b: F.rms_norm(a, (args.cols,), b, 1e-6), (xg, wg)),
+        "triton_kernels_rms_norm": grad_of(
+            lambda a, b: _triton_kernels.rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg)),
+        "triton_forward_with_rstd_only": lambda: _triton_kernels.rms_norm_forward(x, w, 1e-6, 0.0, False,
+                                                                                  store_rstd=True),
+        "triton_backward_direct": lambda: _triton_kernels.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False,
+                                                                            want_dw=True),
+        "python_function_identity": grad_of(_Identity.apply, (xg,)),
+        "native_clone": grad_of(torch.clone, (xg,)),
+        # The same identity Function whose backward (in the autograd engine's device thread) also runs one
+        # piece of the Triton backward: where an in-engine cost comes from.
+        "identity_bwd_plus_triton_launch": grad_of(
+            _identity_with_backward(lambda: runner(*launch_args)).apply, (xg,)),
+        "identity_bwd_plus_launcher": grad_of(
+            _identity_with_backward(lambda: launcher(grid, *launch_args, num_warps=num_warps)).apply, (xg,)),
+        "identity_bwd_plus_torch_allocs_and_sum": grad_of(
+            _identity_with_backward(lambda: (torch.empty_like(x), torch.empty(64, args.cols, device="cuda")
+                                             .sum(0).to(dtype))).apply, (xg,)),
+        "identity_bwd_plus_current_device": grad_of(
+            _identity_with_backward(torch.cuda.current_device).apply, (xg,)),
+        "identity_bwd_plus_triton_backward": grad_of(
+            _identity_with_backward(lambda: _triton_kernels.rms_norm_backward(
+                dy, x, w, saved_rstd, 0.0, False, want_dw=True)).apply, (xg,)),
+    }
+    for name, fn in backward.items():
+        results["forward_backward"][name] = per_call_us(fn, calls=500)
+        print(f"bwd  {name:>26}: {results['forward_backward'][name]:6.1f} us", flush=True)
+    # The same piece of work timed from inside: wall and CPU time of the thread running it, in the main thread
+    # and inside the autograd engine's device thread. Wall above CPU time means the thread waited (descheduled).
+    pieces = {
+        "triton_backward": lambda: _triton_kernels.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False, want_dw=True),
+        "torch_allocs_and_sum": lambda: (torch.empty_like(x), torch.empty(64, args.cols, device="cuda")
+                                         .sum(0).to(dtype)),
+        "current_device": torch.cuda.current_device,
+    }
+    results["inside_thread_us"] = {}
+    for name, piece in pieces.items():
+        samples: list[tuple[float, float]] = []
+
+        def timed(piece=piece, samples=samples):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            piece()
+            samples.append((time.perf_counter() - wall, time.thread_time() - cpu))
+
+        for where, run in (("main", timed), ("engine", grad_of(_identity_with_backward(timed).apply, (xg,)))):
+            samples.clear()
+            per_call_us(run, calls=500)
+            wall = sum(sample[0] for sample in samples) / len(samples) * 1e6
+            cpu = sum(sample[1] for sample in samples) / len(samples) * 1e6
+            results["inside_thread_us"][f"{name}_{where}"] = {"wall": wall, "thread_cpu": cpu}
+            print(f"inside {name:>22} {where:>6}: wall {wall:6.1f} us, thread CPU {cpu:6.1f} us", flush=True)
+    # Python threads alive (a thread waiting for the GIL would slow every GIL hand-over in the engine thread).
+    results["python_threads"] = [thread.name for thread in threading.enumerate()]
+    print("python threads:", results["python_threads"], flush=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    for name in ("triton_kernels_rms_norm", "identity_bwd_plus_triton_launch"):
+        key = f"{name}_switchinterval_1us"
+        results["forward_backward"][key] = per_call_us(backward[name], calls=500)
+        print(f"bwd  {key:>26}: {results['forward_backward'][key]:6.1f} us", flush=True)
+    sys.setswitchinterval(interval)
+    if args.profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile
+
+        run = backward["triton_kernels_rms_norm"]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                run()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30), flush=True)
+
+    payload = {
+        "environment": environment(),
+        "input": {"shape": [args.rows, args.cols], "dtype": "bfloat16"},
+        "what": "mean host microseconds per call, back to back, tiny input (host-bound)",
+        "kernelized_module_kernel": [str(entry) for entry in getattr(report, "entries", [])][:1],
+        "results_us": results,
+    }
+    write_json(args.out, payload)
+
+
+if __name__ == "__main__":
+    main()
