@@ -32,7 +32,7 @@ def _best(kind, *, compile_mode):
     ("silu_gated_mlp", "cuda.silu_gated_mlp.triton", "cuda.silu_gated_mlp.triton"),
     ("gelu_gated_mlp", "cuda.gelu_gated_mlp.triton", "cuda.gelu_gated_mlp.triton"),
     ("rotary_embedding", "cuda.rotary_embedding.triton", "cuda.rotary_embedding.triton"),
-    ("residual_rms_norm", "cuda.residual_rms_norm.triton", "cuda.residual_rms_norm.triton"),
+    ("residual_rms_norm", "cuda.residual_rms_norm.tuned", "cuda.residual_rms_norm.tuned"),
     ("layer_norm", "cuda.layer_norm.liger", "cuda.layer_norm.torch"),
     ("causal_lm_loss", "cuda.causal_lm_loss.liger", "cuda.causal_lm_loss.liger"),
     ("moe_experts", "cuda.moe_experts.liger", None),

@@ -153,7 +153,7 @@ def test_torch_compile_fullgraph_on_kernelized_model(family, training, kernels):
     expected = "cuda.rms_norm.torch" if kernels == "native" else max(compile_safe, key=lambda s: s.priority).id
     assert _applied(ours).get("rms_norm") == expected
     # Gemma 2's sandwich-norm layers are no pre-norm template: their residual adds stay eager.
-    fused = None if family == "gemma2" else f"cuda.residual_rms_norm.{'torch' if kernels == 'native' else 'triton'}"
+    fused = None if family == "gemma2" else f"cuda.residual_rms_norm.{'torch' if kernels == 'native' else 'tuned'}"
     assert _applied(ours).get("residual_rms_norm") == fused
     compiled = torch.compile(ours, fullgraph=True)
     ids = _batch()

@@ -1,4 +1,5 @@
-"""The per-call choice of ``kernels_cuda._ops.rms_norm`` (the ``cuda.rms_norm.tuned`` kernel).
+"""The per-call choice of ``kernels_cuda._ops`` (the ``cuda.rms_norm.tuned`` and ``cuda.residual_rms_norm.tuned``
+kernels).
 
 The two implementations it chooses between are tested numerically in kernels-triton; here spies stand in for
 them so that the policy itself (measured thresholds, native math while Dynamo traces) is checked on CPU, with
@@ -17,32 +18,48 @@ def chosen(monkeypatch):
     calls: list[str] = []
 
     def spy(name):
-        def record(hidden_states, weight, **kwargs):
+        def record(hidden_states, *tensors, **kwargs):
             calls.append(name)
             return hidden_states
 
         return record
 
-    monkeypatch.setattr(_ops._triton, "rms_norm", spy("triton"))
-    monkeypatch.setattr(_ops._native, "rms_norm", spy("native"))
+    for module, name in ((_ops._triton, "triton"), (_ops._native, "native")):
+        monkeypatch.setattr(module, "rms_norm", spy(name))
+        monkeypatch.setattr(module, "residual_rms_norm", spy(name))
     return calls
 
 
-def _call(rows: int, cols: int, *, grad: bool) -> None:
+def _call(rows: int, cols: int, *, grad: bool, residual: bool = False) -> None:
     x = torch.empty(rows, cols, device="meta", requires_grad=grad)
-    _ops.rms_norm(x, torch.empty(cols, device="meta"), eps=1e-6, offset=0.0, casting="llama")
+    w = torch.empty(cols, device="meta")
+    if residual:
+        _ops.residual_rms_norm(x, torch.empty(rows, cols, device="meta"), w, eps=1e-6, offset=0.0, casting="llama")
+    else:
+        _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["rms_norm", "residual_rms_norm"])
 @pytest.mark.parametrize(("rows", "cols", "grad", "expected"), [
-    (8192, 1024, False, "native"),  # 2**23 elements: below the no-grad threshold
-    (16384, 1024, False, "triton"),  # 2**24
-    (16384, 1024, True, "native"),  # with autograd the threshold is 2**28 and rows of 4096 or more
-    (65536, 4096, True, "triton"),  # 2**28, hidden 4096
-    (262144, 1024, True, "native"),  # 2**28 but rows of 1024
+    (2048, 1024, False, "native"),  # 2**21 elements: below the no-grad threshold
+    (4096, 1024, False, "triton"),  # 2**22
+    (32768, 128, False, "triton"),  # narrow rows count by elements too
+    (16384, 1024, True, "native"),  # with autograd the threshold is 2**26 elements and rows of 2048 or more
+    (16384, 4096, True, "triton"),  # 2**26, rows of 4096
+    (32768, 2048, True, "triton"),  # 2**26, rows of 2048
+    (65536, 1024, True, "native"),  # 2**26 but rows of 1024
 ])
-def test_thresholds_pick_the_measured_winner(chosen, rows, cols, grad, expected):
-    _call(rows, cols, grad=grad)
+def test_thresholds_pick_the_measured_winner(chosen, rows, cols, grad, expected, residual):
+    _call(rows, cols, grad=grad, residual=residual)
     assert chosen == [expected]
+
+
+def test_residual_gradient_counts_when_only_the_residual_needs_it(chosen):
+    # The residual stream carries gradient even where the attention output does not: autograd is on.
+    x = torch.empty(16384, 1024, device="meta")
+    _ops.residual_rms_norm(x, torch.empty(16384, 1024, device="meta", requires_grad=True),
+                           torch.empty(1024, device="meta"), eps=1e-6, offset=0.0, casting="llama")
+    assert chosen == ["native"]
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -52,3 +69,12 @@ def test_traced_calls_take_the_native_math_at_every_size(chosen, monkeypatch, gr
     monkeypatch.setattr(_ops, "tracing", lambda: True)
     _call(65536, 4096, grad=grad)
     assert chosen == ["native"]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_traced_residual_calls_defer_to_the_triton_adapter(chosen, monkeypatch, grad):
+    # While Dynamo traces, the Triton adapter itself picks (its custom op in training graphs, native math for
+    # inference), at every size.
+    monkeypatch.setattr(_ops, "tracing", lambda: True)
+    _call(8, 64, grad=grad, residual=True)
+    assert chosen == ["triton"]

@@ -1,13 +1,14 @@
-"""The kernels this plugin declares, with priorities chosen from measurements on an H200.
+"""The kernels this plugin declares, with priorities chosen from measurements on an H200 and an H100.
 
-Order of preference among CUDA kernels (higher wins where a kernel qualifies for the mode):
-``tuned`` (RMSNorm: per-call choice between the Triton kernel and ``F.rms_norm``) 120 > ``triton`` (kernels-triton's
-own kernels: one launch, thin host side) 115 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100. The numbers behind
-this order are in ``benchmarks/results/cuda-*-h200.json`` and the plugin README.
+Order of preference among CUDA kernels (higher wins where a kernel qualifies for the mode): ``tuned`` (RMSNorm and
+the residual add + RMSNorm: a per-call choice between the Triton kernel and the native ops) 120 > ``triton``
+(kernels-triton's own kernels: one launch, thin host side) 115 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100.
+The numbers behind this order are in ``benchmarks/results/cuda-*.json`` and the plugin README.
 Under ``Mode.TORCH_COMPILE`` only kernels declaring it qualify, and the same order then picks: ``tuned`` RMSNorm
-(which hands Inductor the native math to fuse with the residual adds), kernels-triton's RoPE and gated MLP (traced
-as opaque ``torch.library`` custom ops) and Liger's fused linear cross-entropy (a custom op that never
-materialises the logits). Measured against the alternatives in one run on the H200: see ``kernels_cuda._ops``.
+(which hands Inductor the native math to fuse with the residual adds), the ``tuned`` residual add + RMSNorm (the
+fused Triton kernel as a custom op in training graphs, native math for inference), kernels-triton's RoPE and gated
+MLP (traced as opaque ``torch.library`` custom ops) and Liger's fused linear cross-entropy (a custom op that never
+materialises the logits). Measured against the alternatives: see ``kernels_cuda._ops``.
 """
 
 from __future__ import annotations
@@ -53,8 +54,20 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
         capability=TRITON_CAPABILITY,
         description="F.rms_norm below a measured size, the Triton RMSNorm above it; under compile, Inductor's fusion",
     )
+    tuned_residual = KernelSpec(
+        id=f"{BACKEND}.residual_rms_norm.tuned",
+        kind="residual_rms_norm",
+        variants=("standard", "offset"),
+        backend=BACKEND,
+        impl="kernels_cuda._ops:residual_rms_norm",
+        priority=PRIORITY_TUNED,
+        supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
+        capability=TRITON_CAPABILITY,
+        description="the native add + F.rms_norm below a measured size, the fused Triton kernel above it",
+    )
     return (
         tuned,
+        tuned_residual,
         *triton_kernel_specs(BACKEND, priority=PRIORITY_TRITON, capability=TRITON_CAPABILITY),
         *liger_kernel_specs(BACKEND, priority=PRIORITY_LIGER, capability=TRITON_CAPABILITY),
         *native_kernel_specs(BACKEND, priority=PRIORITY_NATIVE),
