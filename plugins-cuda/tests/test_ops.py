@@ -48,6 +48,8 @@ def _call(rows: int, cols: int, *, grad: bool, residual: bool = False) -> None:
     (16384, 4096, True, "triton"),  # 2**26, rows of 4096
     (32768, 2048, True, "triton"),  # 2**26, rows of 2048
     (65536, 1024, True, "native"),  # 2**26 but rows of 1024
+    (131072, 128, True, "triton"),  # narrow rows (per-head q/k norms): from 2**24 elements
+    (65536, 128, True, "native"),  # 2**23 narrow
 ])
 def test_thresholds_pick_the_measured_winner(chosen, rows, cols, grad, expected, residual):
     _call(rows, cols, grad=grad, residual=residual)

@@ -24,6 +24,7 @@ __all__ = [
     "TRITON_RMS_NORM_MIN_ELEMENTS",
     "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD",
     "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD",
+    "TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD",
     "residual_rms_norm",
     "rms_norm",
 ]
@@ -38,10 +39,16 @@ __all__ = [
 #   [8192, 8192]    482 | 273      [16384, 4096] 457 | 258      [65536, 2048]  752 | 501
 # The Triton backward runs as a Python autograd node in the engine's device thread, where the same host work
 # measured 1.7x slower than in the main thread; F.rms_norm's native node has none. Only where the GPU time
-# dominates (from 2**26 elements, rows of 2048 or more) does the Triton kernel win with autograd.
+# dominates (from 2**26 elements, rows of 2048 or more) does the Triton kernel win with autograd. Rows of 256 or
+# fewer (Qwen3's per-head q/k norms) are the exception: F.rms_norm is slow on them on the GPU, forward (82 us vs
+# 19 at [131072, 128]) and backward. On the H200 (cuda-rmsnorm-h200-host-path.json) the chain there took 208 us
+# per layer with F.rms_norm and 120 with Triton, so narrow rows take Triton from 2**24 elements; on the H100 run
+# above the two were within 10% (217 vs 239 us).
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
 TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 26
 TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD = 2048
+TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD = 1 << 24
+_NARROW_ROWS = 256
 # Under torch.compile the native math is traced instead, for every size: Inductor fuses it with the residual adds
 # around it. H200, Qwen3-0.6B shape, bf16, same run (benchmarks/results/cuda-qwen3-h200-compile-variants.json):
 # training 76.2k tokens/s with the native RMSNorm vs 74.5k with the Triton kernel as a custom op (RoPE and gated
@@ -52,10 +59,13 @@ def _triton_wins(hidden_states: torch.Tensor, *inputs: torch.Tensor) -> bool:
     """Whether the measured thresholds pick the Triton kernel for this call (``inputs``: every differentiable one)."""
     import torch
 
+    numel = hidden_states.numel()
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return (hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
-                and hidden_states.shape[-1] >= TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD)
-    return hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS
+        if hidden_states.shape[-1] <= _NARROW_ROWS:
+            return numel >= TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD
+        return numel >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD and hidden_states.shape[-1] >= \
+            TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD
+    return numel >= TRITON_RMS_NORM_MIN_ELEMENTS
 
 
 def rms_norm(
