@@ -59,13 +59,12 @@ def _triton_wins(hidden_states: torch.Tensor, *inputs: torch.Tensor) -> bool:
     """Whether the measured thresholds pick the Triton kernel for this call (``inputs``: every differentiable one)."""
     import torch
 
-    numel = hidden_states.numel()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        if hidden_states.shape[-1] <= _NARROW_ROWS:
-            return numel >= TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD
-        return numel >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD and hidden_states.shape[-1] >= \
-            TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD
-    return numel >= TRITON_RMS_NORM_MIN_ELEMENTS
+    numel, hidden = hidden_states.numel(), hidden_states.shape[-1]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return numel >= TRITON_RMS_NORM_MIN_ELEMENTS
+    if hidden <= _NARROW_ROWS:
+        return numel >= TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD
+    return numel >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD and hidden >= TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD
 
 
 def rms_norm(

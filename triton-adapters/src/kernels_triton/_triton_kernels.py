@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 
-__all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "dense", "gated_activation", "gated_backward",
+__all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "gated_activation", "gated_backward",
            "gated_forward", "residual_rms_norm", "rms_norm", "rms_norm_backward", "rms_norm_forward", "rotary",
            "rotary_launch", "unit_last_stride"]
 
@@ -234,7 +234,7 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     Without autograd (inference, ``no_grad``) the kernel runs directly and stores no ``rstd``. A contiguous input
     is read in place and the output has its shape: no reshapes on the way (each costs host time per call).
     """
-    x = dense(hidden_states)
+    x = hidden_states.contiguous()  # the tensor itself when it already is
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
         return _RMSNorm.apply(x, weight, float(eps), float(offset), gemma)
     return rms_norm_forward(x, weight, float(eps), float(offset), gemma, store_rstd=False)[0]
@@ -326,11 +326,6 @@ _launch_add_rms_norm_fwd = _Launcher(_add_rms_norm_fwd_kernel)
 _launch_add_rms_norm_bwd = _Launcher(_add_rms_norm_bwd_kernel)
 
 
-def dense(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself if it is contiguous, else a contiguous copy: what the norm kernels read (rows of any rank)."""
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
                          gemma: bool, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Over contiguous same-shape ``x`` and ``r`` of any rank: the normalised sum, the sum, and (if asked) the rstd."""
@@ -357,8 +352,8 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
     """
     n_cols = s.shape[-1]
     n_rows = s.numel() // n_cols
-    dy = dense(dy)
-    ds = dense(ds) if ds is not None else None
+    dy = dy.contiguous()
+    ds = ds.contiguous() if ds is not None else None
     dx = torch.empty_like(s)
     block_m, block_n, num_warps, programs, rows_per_program = _norm_backward_tiling(
         n_rows, n_cols, s.element_size(), s.get_device())
@@ -400,7 +395,7 @@ def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weigh
     Same-shape, same-dtype inputs; outputs in that dtype. Callers check the supported cases. Saves the sum (which
     the caller keeps as the next residual anyway) and one float32 ``rstd`` per row; under ``no_grad`` nothing.
     """
-    x, r = dense(hidden_states), dense(residual)
+    x, r = hidden_states.contiguous(), residual.contiguous()
     if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
         return _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
     y, s, _ = add_rms_norm_forward(x, r, weight, float(eps), float(offset), gemma, store_rstd=False)
