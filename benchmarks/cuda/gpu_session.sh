@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
-# space-separated subset of: probe report memory tests nox host rmsnorm elementwise qwen3 portable distributed
-# Knobs: HOST_ARGS (e.g. --profile), MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
+# space-separated subset of: probe report memory tests nox host rmsnorm elementwise attention qwen3 portable
+# distributed
+# Knobs: HOST_ARGS (e.g. --profile), ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS.
 # distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
 # two GPUs, tensor parallel; each check a torchrun or python subprocess; output in $OUT/pytest-distributed.txt), then
@@ -66,6 +67,11 @@ if [[ " $STAGES " == *" elementwise "* ]]; then
   log elementwise
   (cd benchmarks/cuda && timeout 180 python3 elementwise_bench.py --out "$OUT/cuda-elementwise.json") 2>&1 \
     | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" attention "* ]]; then
+  log attention
+  timeout ${ATTENTION_TIMEOUT:-240} python3 benchmarks/cuda/attention_bench.py --out "$OUT/cuda-attention.json" \
+    ${ATTENTION_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" qwen3 "* ]]; then
   log qwen3
