@@ -1,9 +1,13 @@
 """Causal attention backends side by side at the Qwen3-0.6B training and prefill shapes.
 
-Each row times ``F.scaled_dot_product_attention`` pinned to one backend (cuDNN, FlashAttention-2, memory-efficient),
-plus FlexAttention compiled with a causal block mask, forward and forward+backward, and reports the ratio to the
-default dispatch and the achieved TFLOP/s. Outputs are checked against the math backend in float32 first, so a fast
-but wrong backend shows as an error rather than a win.
+Each row times ``F.scaled_dot_product_attention`` pinned to one backend (cuDNN, FlashAttention-2; the
+memory-efficient kernel ran at a quarter of cuDNN's speed on an H200 and is left out), plus FlexAttention compiled
+with a causal block mask, forward and forward+backward, and reports the ratio to the default dispatch and the
+achieved TFLOP/s. Inputs come in two layouts: ``bhsd`` (contiguous per head) and ``bshd``
+(the transposed views transformers' attention modules pass, ``proj(x).view(B, S, H, D).transpose(1, 2)``, with the
+output gradient in the same layout), and through transformers' own ``sdpa_attention_forward``, eager and compiled.
+Outputs are checked against the math backend in float32 first, so a fast but wrong backend shows as an error
+rather than a win.
 
     python benchmarks/cuda/attention_bench.py --out benchmarks/results/cuda-attention-h200.json
 """
@@ -36,7 +40,6 @@ BACKENDS = {
     "default": None,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
 
 
@@ -76,15 +79,37 @@ def _flex():
     return run
 
 
-def measure(name: str, shape: tuple[int, int, int, int, int], variants: dict) -> list[dict]:
-    batch, heads, kv_heads, seq, dim = shape
+def _transformers(*, compiled: bool):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class _Module(torch.nn.Module):
+        is_causal = True
+
+        def __init__(self, groups: int) -> None:
+            super().__init__()
+            self.num_key_value_groups = groups
+
+    def run(q, k, v):
+        return sdpa_attention_forward(_Module(q.shape[1] // k.shape[1]), q, k, v, None, scaling=q.shape[-1] ** -0.5
+                                      )[0].transpose(1, 2)
+
+    return torch.compile(run, dynamic=False) if compiled else run
+
+
+def _inputs(layout: str, batch: int, heads: int, kv_heads: int, seq: int, dim: int):
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def make(h):
-        return torch.randn(batch, h, seq, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        dense = torch.randn(batch, h, seq, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        # Same values in both layouts, so one float32 reference checks every variant.
+        return dense.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bshd" else dense
 
-    q, k, v = make(heads), make(kv_heads), make(kv_heads)
-    grad = torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return make(heads), make(kv_heads), make(kv_heads), make(heads)
+
+
+def measure(name: str, shape: tuple[int, int, int, int, int], variants: dict) -> list[dict]:
+    batch, heads, kv_heads, seq, dim = shape
+    q, k, v, grad = _inputs("bhsd", *shape)
     with sdpa_kernel([SDPBackend.MATH]):
         leaves = [t.float().requires_grad_() for t in (q, k, v)]
         ref = F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
@@ -92,8 +117,10 @@ def measure(name: str, shape: tuple[int, int, int, int, int], variants: dict) ->
     ref_grads = [t.grad for t in leaves]
     flops = _causal_flops(batch, heads, seq, dim)
     rows = []
-    for label, fn in variants.items():
-        row = {"shape": name, "variant": label}
+    layouts = {layout: _inputs(layout, *shape) for layout in ("bhsd", "bshd")}
+    for label, (layout, fn) in variants.items():
+        row = {"shape": name, "variant": label, "layout": layout}
+        q, k, v, grad = layouts[layout]
         try:
             qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
             out = fn(qq, kk, vv)
@@ -102,11 +129,11 @@ def measure(name: str, shape: tuple[int, int, int, int, int], variants: dict) ->
             row["max_abs_err_grads"] = max((t.grad.float() - r).abs().max().item()
                                            for t, r in zip((qq, kk, vv), ref_grads, strict=True))
 
-            def fwd(fn=fn):
+            def fwd(fn=fn, inputs=(q, k, v)):
                 with torch.no_grad():
-                    fn(q, k, v)
+                    fn(*inputs)
 
-            def fwd_bwd(fn=fn, leaves=(qq, kk, vv)):
+            def fwd_bwd(fn=fn, leaves=(qq, kk, vv), grad=grad):
                 fn(*leaves).backward(grad)
 
             row["fwd_us"] = bench(fwd, rep=100)
@@ -117,7 +144,7 @@ def measure(name: str, shape: tuple[int, int, int, int, int], variants: dict) ->
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
         print(row, flush=True)
-    base = next((r for r in rows if r["variant"] == "default gqa" and "fwd_us" in r), None)
+    base = next((r for r in rows if r["variant"] == "default gqa bhsd" and "fwd_us" in r), None)
     for row in rows:
         if base and "fwd_us" in row:
             row["fwd_speedup_vs_default"] = base["fwd_us"] / row["fwd_us"]
@@ -131,11 +158,14 @@ def main() -> None:
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (it compiles for a minute)")
     args = parser.parse_args()
     variants = {}
-    for label, backend in BACKENDS.items():
-        variants[f"{label} gqa"] = _sdpa(backend, gqa=True)
-        variants[f"{label} repeat_kv"] = _sdpa(backend, gqa=False)
-    if not args.no_flex:
-        variants["flex gqa"] = _flex()
+    for layout in ("bhsd", "bshd"):
+        for label, backend in BACKENDS.items():
+            variants[f"{label} gqa {layout}"] = (layout, _sdpa(backend, gqa=True))
+            variants[f"{label} repeat_kv {layout}"] = (layout, _sdpa(backend, gqa=False))
+        variants[f"transformers sdpa {layout}"] = (layout, _transformers(compiled=False))
+        variants[f"transformers sdpa compiled {layout}"] = (layout, _transformers(compiled=True))
+        if not args.no_flex:
+            variants[f"flex gqa {layout}"] = (layout, _flex())
     rows = [row for name, shape in SHAPES.items() for row in measure(name, shape, variants)]
     write_json(args.out, {"environment": environment(), "note": "bf16, causal; errors vs the float32 math backend",
                           "rows": rows})

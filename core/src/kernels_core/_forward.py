@@ -20,7 +20,15 @@ from typing import ClassVar
 from ._types import Match
 
 
-__all__ = ["MISSING", "BindingRecord", "GlobalOverride", "KernelForward", "ReroutedForward", "load_ref"]
+__all__ = [
+    "MISSING",
+    "BindingRecord",
+    "GlobalOverride",
+    "KernelForward",
+    "ReroutedForward",
+    "decorator_chain_problem",
+    "load_ref",
+]
 
 
 class _Missing:
@@ -65,6 +73,60 @@ def load_ref(ref: str) -> Any:
             obj = getattr(obj, part)
         _REF_CACHE[ref] = obj
     return _REF_CACHE[ref]
+
+
+def _inner_cell(wrapper: Any) -> int | None:
+    """Index of the closure cell through which a decorator's wrapper calls the function it wraps, or None."""
+    inner = getattr(wrapper, "__wrapped__", None)
+    cells = [i for i, cell in enumerate(getattr(wrapper, "__closure__", None) or ()) if cell.cell_contents is inner]
+    return cells[0] if len(cells) == 1 else None
+
+
+def decorator_chain_problem(forward: Any) -> str | None:
+    """Why the decorators around a class forward cannot be re-created around a rerouted copy, or None if they can.
+
+    A ``functools.wraps`` decorator (transformers' ``capture_outputs``, ``merge_with_config_defaults``, ...) calls
+    the function it wraps through one closure cell; re-creating the wrapper with that cell pointing at the
+    rerouted copy keeps everything the decorator does. Wrappers that hold it some other way are left alone.
+
+    Example:
+        >>> import functools
+        >>> def deco(fn):
+        ...     @functools.wraps(fn)
+        ...     def wrapper(*args, **kwargs):
+        ...         return fn(*args, **kwargs)
+        ...     return wrapper
+        >>> decorator_chain_problem(deco(lambda self: self)) is None
+        True
+    """
+    fn = forward
+    while hasattr(fn, "__wrapped__"):
+        if not isinstance(fn, types.FunctionType) or _inner_cell(fn) is None:
+            what = getattr(fn, "__qualname__", type(fn).__name__)
+            return (f"the class forward is wrapped by {what!r}, which does not hold the function it wraps in one "
+                    "closure cell, so it cannot be re-created around a rerouted copy")
+        fn = fn.__wrapped__
+    return None if isinstance(fn, types.FunctionType) else "the class forward is not a plain Python function"
+
+
+def _rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
+    """``wrapper`` (a decorator chain) re-created around ``innermost`` instead of the function it wrapped."""
+    if not hasattr(wrapper, "__wrapped__"):
+        return innermost
+    inner = _rewrap(wrapper.__wrapped__, innermost)
+    index = _inner_cell(wrapper)
+    if index is None:
+        raise TypeError(decorator_chain_problem(wrapper))
+    closure = list(wrapper.__closure__)
+    closure[index] = types.CellType(inner)
+    rebuilt = types.FunctionType(wrapper.__code__, wrapper.__globals__, wrapper.__name__, wrapper.__defaults__,
+                                 tuple(closure))
+    rebuilt.__kwdefaults__ = wrapper.__kwdefaults__
+    rebuilt.__dict__.update(wrapper.__dict__)
+    rebuilt.__wrapped__ = inner
+    rebuilt.__qualname__ = wrapper.__qualname__
+    rebuilt.__doc__ = wrapper.__doc__
+    return rebuilt
 
 
 class _LazyForward:
@@ -159,7 +221,8 @@ class ReroutedForward(_LazyForward):
         return tuple(o.kernel_id for o in self.overrides)
 
     def _build(self) -> Callable[..., Any]:
-        base = type(self.module).forward
+        decorated = type(self.module).forward
+        base = inspect.unwrap(decorated)
         key = (base.__module__, base.__qualname__, id(base.__code__), tuple(
             (o.global_name, o.impl, o.adapter, repr(sorted(o.match.params.items())), repr(sorted(o.options.items())))
             for o in self.overrides
@@ -184,7 +247,9 @@ class ReroutedForward(_LazyForward):
         rerouted = types.FunctionType(base.__code__, namespace, base.__name__, base.__defaults__, base.__closure__)
         rerouted.__kwdefaults__ = base.__kwdefaults__
         rerouted.__qualname__ = base.__qualname__
-        return rerouted.__get__(self.module, type(self.module))
+        rerouted.__doc__ = base.__doc__
+        # Decorators (transformers wraps model forwards in capture_outputs and the like) keep running around it.
+        return _rewrap(decorated, rerouted).__get__(self.module, type(self.module))
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"

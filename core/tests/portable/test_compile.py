@@ -10,6 +10,7 @@ import pytest
 import torch
 from kernels_core import Supports
 from kernels_core._portable import SPECS
+from kernels_core._portable._causal_mask import sdpa_is_causal
 from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
 from kernels_core._portable._residual_rms_norm import residual_rms_norm
 from kernels_core._portable._rms_norm import rms_norm
@@ -29,7 +30,32 @@ def _loss(hidden, weight, labels):
     )
 
 
+class _EmptyCache:
+    def get_seq_length(self) -> int:
+        return 0
+
+
+class _SdpaConfig:
+    _attn_implementation = "sdpa"
+
+
+def _transformers_5_17_mask(*, inputs_embeds, **kwargs):
+    # Like transformers 5.17: no mask eagerly for unpadded inputs, a dense one while Dynamo traces.
+    if not torch.compiler.is_compiling():
+        return None
+    size = inputs_embeds.shape[1]
+    return torch.ones(size, size, dtype=torch.bool).tril()
+
+
+def _masked_scores(x):
+    mask = sdpa_is_causal(_transformers_5_17_mask, config=_SdpaConfig(), inputs_embeds=x, attention_mask=None,
+                          past_key_values=_EmptyCache(), position_ids=None)
+    scores = x @ x.transpose(-1, -2)
+    return (scores if mask is None else scores.masked_fill(~mask, 0.0)).sum()
+
+
 CASES = {
+    "causal_mask": (_masked_scores, lambda: (torch.randn(2, 5, 8),)),
     "causal_lm_loss": (_loss, lambda: (torch.randn(37, 8), torch.randn(50, 8), torch.randint(0, 50, (37,)))),
     "rms_norm": (
         lambda x, w: rms_norm(x, w, eps=1e-6, offset=1.0, casting="gemma").sum(),

@@ -38,6 +38,8 @@ CONVENTIONS = {
     "rms_norm": (["hidden_states", "weight"], {"eps", "offset", "casting"}),
     "residual_rms_norm": (["hidden_states", "residual", "weight"], {"eps", "offset", "casting"}),
     "silu_gated_mlp": (["gate", "up"], set()),
+    # transformers' create_causal_mask comes first (positional-only), then whatever the model passed to it.
+    "causal_mask": ([], set()),
 }
 
 

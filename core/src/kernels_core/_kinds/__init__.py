@@ -64,6 +64,14 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         target="global",
     ),
     LayerKind(
+        name="causal_mask",
+        description="create_causal_mask used by a base model's forward (rerouted per instance)",
+        variants=("sdpa",),
+        matcher=f"{_P}._masks:match_causal_mask",
+        adapter=f"{_P}._masks:adapt_causal_mask",
+        target="global",
+    ),
+    LayerKind(
         name="causal_lm_loss",
         description="lm_head + shifted cross-entropy of a *ForCausalLM model (fused linear cross-entropy)",
         variants=("standard", "softcap"),

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._forward import decorator_chain_problem
 from .._types import Decline
 from .._types import Match
 from . import _reference
@@ -22,6 +23,7 @@ from ._context import MatchContext
 from ._context import close
 from ._context import instance_override
 from ._context import param_dtype
+from ._context import plain_class_forward
 
 
 __all__ = ["GLOBAL_NAME", "adapt_rotary", "match_rotary", "reroute_blocker"]
@@ -31,12 +33,12 @@ GLOBAL_NAME = "apply_rotary_pos_emb"
 
 def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
     """Why ``global_name`` in this module's forward cannot be rerouted per instance, or None if it can."""
-    forward = type(module).forward
-    code = getattr(forward, "__code__", None)
-    if code is None or global_name not in code.co_names:
+    problem = decorator_chain_problem(type(module).forward)
+    if problem:
+        return problem
+    forward = plain_class_forward(module)
+    if global_name not in forward.__code__.co_names:
         return f"the class forward does not call {global_name!r} directly"
-    if hasattr(forward, "__wrapped__"):
-        return "the class forward is wrapped by a decorator, so its globals cannot be rerouted per instance"
     if instance_override(module) is not None:
         return f"{FOREIGN_FORWARD}; leaving it alone"
     if not callable(forward.__globals__.get(global_name)):
@@ -97,7 +99,7 @@ def _model_cos_dtype(ctx: MatchContext, dtype: torch.dtype, device: torch.device
 
 def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
     """Attention modules whose forward applies ``apply_rotary_pos_emb`` in the rotate-half form."""
-    code = getattr(type(module).forward, "__code__", None)
+    code = getattr(plain_class_forward(module), "__code__", None)
     if code is None or GLOBAL_NAME not in code.co_names:
         return None
     return ctx.verdict("rotary_embedding", module, lambda: _classify_rotary(module, ctx))
@@ -107,7 +109,7 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     blocker = reroute_blocker(module, GLOBAL_NAME)
     if blocker:
         return Decline("rotary_embedding", blocker)
-    fn = type(module).forward.__globals__[GLOBAL_NAME]
+    fn = plain_class_forward(module).__globals__[GLOBAL_NAME]
     head_dim = getattr(module, "head_dim", None)
     if not isinstance(head_dim, int):
         return Decline("rotary_embedding", "attention module has no integer head_dim")
@@ -161,7 +163,7 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
 
 def adapt_rotary(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
     """The replacement for ``apply_rotary_pos_emb`` inside this module's forward, same call signature."""
-    original = type(module).forward.__globals__[match.params["global_name"]]
+    original = plain_class_forward(module).__globals__[match.params["global_name"]]
     position, default = _unsqueeze_position(original)
     policy = match.params.get("output_dtype", "promoted")
 

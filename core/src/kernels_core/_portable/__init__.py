@@ -7,7 +7,7 @@ priorities of 100 and above, so on their hardware they win over these automatica
 Example:
     >>> from kernels_core._portable import SPECS
     >>> sorted(spec.kind for spec in SPECS)
-    ['causal_lm_loss', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp']
+    ['causal_lm_loss', 'causal_mask', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp']
 """
 
 from __future__ import annotations
@@ -32,6 +32,18 @@ SPECS: tuple[KernelSpec, ...] = (
         supports=_TRAINABLE,
         dtypes=_ALL_FLOATS,
         description="chunked fused linear cross-entropy; never materializes [tokens, vocab] logits",
+    ),
+    KernelSpec(
+        id="any.causal_mask.sdpa_is_causal",
+        kind="causal_mask",
+        variants=("sdpa",),
+        backend="any",
+        impl="kernels_core._portable._causal_mask:sdpa_is_causal",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="under torch.compile, no dense causal mask where eager transformers passes none: SDPA's "
+                    "is_causal kernels",
     ),
     KernelSpec(
         # CPU only: on another backend it would take post-attention norms away from that backend's own RMSNorm
