@@ -211,10 +211,31 @@ class ReroutedForward(_LazyForward):
     Only this instance sees the kernels: the modeling module's globals and every other instance are untouched.
     """
 
+    _scoped: tuple[Any, ...] = ()
+
     def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...]) -> None:
         self.module = module
         self.overrides = tuple(overrides)
         self._fn = None
+        self._scoped: tuple[Any, ...] = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = self._build()
+        if not self._scoped:
+            return fn(*args, **kwargs)
+        # A replacement may need a fact about this call that only the caller's arguments show (e.g. whether the
+        # model derives position ids itself); it records it before the forward runs and restores it after.
+        tokens = [scoped.enter_call(args, kwargs) for scoped in self._scoped]
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for scoped, token in zip(reversed(self._scoped), reversed(tokens), strict=True):
+                scoped.exit_call(token)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_scoped": ()}
 
     @property
     def kernel_ids(self) -> tuple[str, ...]:
@@ -244,6 +265,8 @@ class ReroutedForward(_LazyForward):
                                                           override.options)
             sys.modules[name] = synthetic
             _REROUTED_NAMESPACES[key] = namespace
+        self._scoped = tuple(namespace[o.global_name] for o in self.overrides
+                             if hasattr(namespace[o.global_name], "enter_call"))
         rerouted = types.FunctionType(base.__code__, namespace, base.__name__, base.__defaults__, base.__closure__)
         rerouted.__kwdefaults__ = base.__kwdefaults__
         rerouted.__qualname__ = base.__qualname__

@@ -11,6 +11,7 @@ left out under tracing exactly as it is eagerly.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -73,12 +74,56 @@ def _classify(module: nn.Module) -> Match | Decline:
                  evidence=f"{GLOBAL_NAME} returns no mask eagerly for unpadded causal sdpa inputs")
 
 
+class _DerivedPositions:
+    """Whether the base-model call now running was given no position ids (so it derives 0..S-1 itself)."""
+
+    __slots__ = ("derived",)
+
+    def __init__(self) -> None:
+        self.derived = False
+
+
+# One flag for the process: base-model calls do not nest, and Dynamo traces reads and writes of it like any
+# Python attribute (no graph break, no guard on data).
+_CALL = _DerivedPositions()
+
+
+class _CausalMaskOverride:
+    """``create_causal_mask`` as this model's forward sees it: ``impl(original, **kwargs, positions_derived=...)``."""
+
+    def __init__(self, original: Callable[..., Any], impl: Callable[..., Any], positions_index: int | None) -> None:
+        self.original = original
+        self.impl = impl
+        self.positions_index = positions_index
+
+    def enter_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        index = self.positions_index
+        passed = kwargs.get("position_ids") is not None or (index is not None and len(args) > index
+                                                             and args[index] is not None)
+        previous = _CALL.derived
+        _CALL.derived = index is not None and not passed
+        return previous
+
+    def exit_call(self, previous: bool) -> None:
+        _CALL.derived = previous
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.impl(self.original, *args, positions_derived=_CALL.derived, **kwargs)
+
+
+def _positions_index(module: nn.Module) -> int | None:
+    """Where ``position_ids`` sits among the forward's positional parameters (after self), if it takes one."""
+    names = list(inspect.signature(plain_class_forward(module)).parameters)[1:]
+    return names.index("position_ids") if "position_ids" in names else None
+
+
 def adapt_causal_mask(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict
                       ) -> Callable[..., Any]:
-    """The replacement for ``create_causal_mask`` inside this module's forward: ``impl(original, **kwargs)``."""
+    """The replacement for ``create_causal_mask`` inside this module's forward.
+
+    It calls ``impl(original, *args, positions_derived=..., **kwargs)``, ``positions_derived`` telling whether
+    this call of the model was given no position ids: the model then derives ``0..S-1`` itself, which are never
+    packed sequences, a fact the kernel could not read from the tensor without reading its values.
+    """
     original = plain_class_forward(module).__globals__[match.params["global_name"]]
-
-    def create_causal_mask(*args: Any, **kwargs: Any) -> Any:
-        return impl(original, *args, **kwargs)
-
-    return create_causal_mask
+    return _CausalMaskOverride(original, impl, _positions_index(module))

@@ -9,7 +9,8 @@ guard on data. Everything else is handed to transformers' function unchanged.
 
 Example:
     >>> from kernels_core._portable._causal_mask import sdpa_is_causal
-    >>> sdpa_is_causal(lambda **kwargs: "built by transformers", config=None, attention_mask=None)
+    >>> sdpa_is_causal(lambda **kwargs: "built by transformers", config=None, attention_mask=None,
+    ...                positions_derived=True)
     'built by transformers'
 """
 
@@ -39,7 +40,7 @@ def _empty_cache(cache: object) -> bool:
     return type(seen) is int and seen == 0
 
 
-def _elidable(kwargs: dict[str, Any]) -> bool:
+def _elidable(kwargs: dict[str, Any], *, positions_derived: bool) -> bool:
     config = kwargs.get("config")
     if getattr(config, "_attn_implementation", None) != "sdpa" or not getattr(config, "is_causal", True):
         return False
@@ -52,17 +53,19 @@ def _elidable(kwargs: dict[str, Any]) -> bool:
     cache = kwargs.get("past_key_values")
     if cache is None:
         # Without a cache transformers checks position_ids for packed sequences (which need a block mask): only
-        # positions it derives itself are known to be unpacked.
-        return kwargs.get("position_ids") is None
+        # positions the model derived itself (its caller passed none) are known to be unpacked.
+        return positions_derived or kwargs.get("position_ids") is None
     return _empty_cache(cache)
 
 
-def sdpa_is_causal(create_causal_mask: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+def sdpa_is_causal(create_causal_mask: Callable[..., Any], /, *args: Any, positions_derived: bool = False,
+                   **kwargs: Any) -> Any:
     """``create_causal_mask(*args, **kwargs)``, or ``None`` while tracing where the eager call returns ``None``.
 
     Follows the ``causal_mask`` convention: the first argument is transformers' own function, the rest are the
-    arguments the model's forward passed to it. Positional calls always go to transformers.
+    arguments the model's forward passed to it, and ``positions_derived`` says that the model's caller gave no
+    position ids. Positional calls always go to transformers.
     """
-    if not args and torch.compiler.is_compiling() and _elidable(kwargs):
+    if not args and torch.compiler.is_compiling() and _elidable(kwargs, positions_derived=positions_derived):
         return None
     return create_causal_mask(*args, **kwargs)
