@@ -4,7 +4,8 @@
 # space-separated subset of: probe report memory tests nox host rmsnorm elementwise attention qwen3 portable
 # distributed
 # Knobs: HOST_ARGS (e.g. --profile), ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
-# (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS.
+# (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS, EXTRA_PYTHONPATH (searched first, e.g. another
+# transformers installed with pip --target).
 # distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
 # two GPUs, tensor parallel; each check a torchrun or python subprocess; output in $OUT/pytest-distributed.txt), then
 # torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py (Qwen3-0.6B shape, FSDP2/DDP, eager vs kernelize
@@ -17,7 +18,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD/core/src:$PWD/triton-adapters/src:$PWD/plugins-cuda/src
+export PYTHONPATH=${EXTRA_PYTHONPATH:+$EXTRA_PYTHONPATH:}/tmp/site:$PWD/core/src:$PWD/triton-adapters/src:$PWD/plugins-cuda/src
 # Entry points exist only for installed distributions: without this, kernelize would find no CUDA plugin.
 python3 -m pip install --no-deps --no-build-isolation --no-index -q -e core -e triton-adapters -e plugins-cuda \
   || { echo "editable install failed"; exit 1; }
