@@ -129,6 +129,25 @@ def _rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
     return rebuilt
 
 
+def _build_once(forward: _LazyForward) -> Callable[..., Any]:
+    if forward._fn is None:
+        forward._fn = forward._build()
+    return forward._fn
+
+
+def _built(forward: _LazyForward) -> Callable[..., Any]:
+    """The forward's callable, built now if a copy or a load left it unbuilt.
+
+    Under ``torch.compile`` the build runs outside the graph (one break, at the first compiled call after a copy):
+    Dynamo cannot trace imports and function construction.
+    """
+    import torch
+
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(_build_once)(forward)
+    return _build_once(forward)
+
+
 class _LazyForward:
     """Shared behaviour: lazy build, pickling without the built callable, the original signature."""
 
@@ -141,7 +160,7 @@ class _LazyForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self._fn
         if fn is None:
-            fn = self._fn = self._build()
+            fn = _built(self)
         return fn(*args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -222,7 +241,7 @@ class ReroutedForward(_LazyForward):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self._fn
         if fn is None:
-            fn = self._fn = self._build()
+            fn = _built(self)
         if not self._scoped:
             return fn(*args, **kwargs)
         # A replacement may need a fact about this call that only the caller's arguments show (e.g. whether the
@@ -236,6 +255,16 @@ class ReroutedForward(_LazyForward):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_scoped": ()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # Rebuilt at once rather than at the first call: the first call may be traced by torch.compile, and Dynamo
+        # cannot trace the build (fullgraph would fail on a copy). The build reads only the module's class, which
+        # a copy or a load has already fixed, never its half-restored state.
+        try:
+            self._fn = self._build()
+        except Exception:  # noqa: BLE001 - e.g. a kernel package missing where the model is loaded; the first
+            self._fn = None  # call rebuilds and raises there, naming what failed
 
     @property
     def kernel_ids(self) -> tuple[str, ...]:
