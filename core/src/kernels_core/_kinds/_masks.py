@@ -1,12 +1,12 @@
 """The causal attention mask a transformers base model builds, rerouted per instance like ``apply_rotary_pos_emb``.
 
 transformers' ``create_causal_mask`` returns no mask at all for unpadded causal inputs, so that SDPA runs its
-``is_causal`` kernels (FlashAttention, cuDNN), which skip the masked half of the scores. While ``torch.compile``
-traces it with torch < 2.14, though, ``torch.compiler.is_exporting()`` reads as true inside Dynamo, transformers
-then refuses that shortcut, and every compiled layer gets a dense ``[B, 1, S, S]`` mask: SDPA computes the whole
-square and the compiled model's attention ran 2.5x slower than eager's on an H200 (``attention_bench.py``,
-``qwen3_bench.py --profile``). A kernel of this kind decides, from static facts only, when the mask can be
-left out under tracing exactly as it is eagerly.
+``is_causal`` kernels (FlashAttention, cuDNN), which skip the masked half of the scores. While Dynamo traces the
+same call, transformers builds a dense ``[B, 1, S, S]`` mask instead: 5.17 always does, 5.23 does on torch 2.11,
+and any version does without a cache (it then looks for packed sequences in the position ids). SDPA then computes
+the whole square: on an H200 a compiled Qwen3-0.6B step spent 2.3-2.7x the time of the same causal SDPA call in
+attention (``attention_bench.py``, ``qwen3_bench.py --profile``). A kernel of this kind decides, from static facts
+only, when the mask can be left out under tracing exactly as it is eagerly.
 """
 
 from __future__ import annotations
