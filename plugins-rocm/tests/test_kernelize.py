@@ -58,6 +58,8 @@ def test_cdna_gets_fused_triton_kernels_and_native_norms(simulate, pm, device):
         "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
         "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
+        # Device-independent: the compiled causal mask (core portable kernel).
+        "causal_mask": {"any.causal_mask.sdpa_is_causal"},
     }
     assert _chosen(_kernelized("qwen3_moe", pm))["moe_experts"] == {"rocm.moe_experts.liger"}
 
@@ -89,6 +91,8 @@ def test_unsupported_arch_falls_back_to_native_and_portable_kernels(simulate, pm
         "silu_gated_mlp": {"rocm.silu_gated_mlp.torch"},
         "rotary_embedding": {"rocm.rotary_embedding.torch"},
         "causal_lm_loss": {"any.causal_lm_loss.chunked"},
+        # Device-independent: the compiled causal mask (core portable kernel).
+        "causal_mask": {"any.causal_mask.sdpa_is_causal"},
     }
     (reason,) = _reasons(_kernelized("qwen3_moe", pm), "moe_experts")
     assert "architecture unsupported: device is gfx906" in reason
@@ -122,6 +126,8 @@ def test_torch_compile_mode_gets_compile_safe_kernels(simulate, pm):
         "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
         "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
+        # Device-independent: the compiled causal mask (core portable kernel).
+        "causal_mask": {"any.causal_mask.sdpa_is_causal"},
     }
 
 
