@@ -157,11 +157,11 @@ class _LazyForward:
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
 
+    def _callable(self) -> Callable[..., Any]:
+        return self._fn if self._fn is not None else _built(self)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fn = self._fn
-        if fn is None:
-            fn = _built(self)
-        return fn(*args, **kwargs)
+        return self._callable()(*args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -236,12 +236,9 @@ class ReroutedForward(_LazyForward):
         self.module = module
         self.overrides = tuple(overrides)
         self._fn = None
-        self._scoped: tuple[Any, ...] = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fn = self._fn
-        if fn is None:
-            fn = _built(self)
+        fn = self._callable()  # builds self._scoped too
         if not self._scoped:
             return fn(*args, **kwargs)
         # A replacement may need a fact about this call that only the caller's arguments show (e.g. whether the
