@@ -44,3 +44,41 @@ def bench(fn, *, rep: int = 200) -> float:
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3
+
+
+_FLUSH: torch.Tensor | None = None
+
+
+def gpu_us(fn, *, calls=10, replays=15):
+    """GPU time of ``fn`` alone: CUDA graphs of [L2 flush, fn] x calls and [L2 flush] x calls, replayed and
+    subtracted, so that neither host-side launch work nor an L2-resident input shows in the result."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for with_fn in (True, False):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                _FLUSH.zero_()
+                if with_fn:
+                    fn()
+        graphs.append(graph)
+    medians = []
+    for graph in graphs:
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        medians.append(sorted(times)[len(times) // 2])
+    return (medians[0] - medians[1]) / calls * 1e3

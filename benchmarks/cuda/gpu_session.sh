@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
-# space-separated subset of: probe report memory tests nox host rmsnorm elementwise attention qwen3 portable
-# distributed
-# Knobs: HOST_ARGS (e.g. --profile), ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
+# space-separated subset of: probe report memory tests nox host rmsnorm sweep elementwise attention qwen3 portable
+# distributed (sweep: the RMSNorm backward's launch shapes, benchmarks/cuda/rmsnorm_tiling_sweep.py)
+# Knobs: HOST_ARGS (e.g. --profile), RMSNORM_TIMEOUT, SWEEP_TIMEOUT, ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS, EXTRA_PYTHONPATH (searched first, e.g. another
 # transformers installed with pip --target).
 # distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
@@ -62,7 +62,12 @@ if [[ " $STAGES " == *" host "* ]]; then
 fi
 if [[ " $STAGES " == *" rmsnorm "* ]]; then
   log rmsnorm
-  timeout 180 python3 benchmarks/cuda/rmsnorm_bench.py --out "$OUT/cuda-rmsnorm.json" 2>&1 | tee -a "$OUT/log.txt"
+  timeout ${RMSNORM_TIMEOUT:-300} python3 benchmarks/cuda/rmsnorm_bench.py --out "$OUT/cuda-rmsnorm.json" 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" sweep "* ]]; then
+  log sweep
+  timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/cuda/rmsnorm_tiling_sweep.py --out "$OUT/cuda-rmsnorm-tiling.json" 2>&1 \
+    | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" elementwise "* ]]; then
   log elementwise

@@ -5,8 +5,9 @@ longer, the GPU waits and that host time is what a module call costs. This scrip
 back to back on an ``[8, 1024]`` bf16 input (GPU work negligible, so the loop is host-bound) and reports the
 mean microseconds per call, side by side in one run:
 
-* forward: ``torch.empty_like``, a bare Triton launch of the compiled kernel, the kernels-triton entry points
-  (``_triton_kernels.rms_norm`` -> ``_triton.rms_norm``), kernels-cuda's size-tuned entry point, the kernelized
+* forward: ``torch.empty_like``, a bare launch of the compiled Triton kernel (Triton's own path and the direct
+  one kernels-triton takes), the kernels-triton entry points (``_triton_kernels.rms_norm`` ->
+  ``_triton.rms_norm``), kernels-cuda's size-tuned entry point, the kernelized
   ``Qwen3RMSNorm`` module, and for reference ``F.rms_norm`` and the eager transformers module;
 * forward+backward through ``torch.autograd.grad``: ``F.rms_norm``, the Triton kernel, a trivial Python
   ``autograd.Function`` (what any custom Function pays in the autograd engine), and the Triton backward called
@@ -97,12 +98,14 @@ def main() -> None:
     launch_args = (x, w, y, y, args.rows, 1e-6, 0.0, args.cols, False, False, False, block_m, block_n)
     launcher = _triton_kernels._launch_rms_norm_fwd
     launcher(grid, *launch_args, num_warps=num_warps)  # compile and cache
-    compiled = next(iter(launcher.compiled.values()))
-    runner = compiled[(grid, 1, 1)]
+    entry = next(iter(launcher.compiled.values()))
+    runner = entry.compiled[(grid, 1, 1)]  # Triton's own launch of the compiled kernel
+    device = x.get_device()
 
     forward = {
         "torch_empty_like": lambda: torch.empty_like(x),
         "triton_compiled_runner": lambda: runner(*launch_args),
+        "direct_launch": lambda: entry.launch(grid, device, launch_args),
         "launcher": lambda: launcher(grid, *launch_args, num_warps=num_warps),
         "triton_kernels_rms_norm": lambda: _triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False),
         "triton_adapter_rms_norm": lambda: _triton.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
@@ -143,6 +146,8 @@ def main() -> None:
             _identity_with_backward(lambda: runner(*launch_args)).apply, (xg,)),
         "identity_bwd_plus_launcher": grad_of(
             _identity_with_backward(lambda: launcher(grid, *launch_args, num_warps=num_warps)).apply, (xg,)),
+        "identity_bwd_plus_direct_launch": grad_of(
+            _identity_with_backward(lambda: entry.launch(grid, device, launch_args)).apply, (xg,)),
         "identity_bwd_plus_torch_allocs_and_sum": grad_of(
             _identity_with_backward(lambda: (torch.empty_like(x), torch.empty(64, args.cols, device="cuda")
                                              .sum(0).to(dtype))).apply, (xg,)),

@@ -15,6 +15,8 @@ and backward in one ``torch.autograd.grad`` and reports the time per layer: what
 step, every host cost on its path included except the single ``autograd.grad`` entry a step pays once. Each layer
 moves five tensors of the input's size (forward: read, write; backward: read input and gradient, write
 gradient), so its fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``.
+``chain_*_gpu_per_layer_us`` replays the same chain as a CUDA graph: the GPU time alone, against which the gap to
+the chain as called is the host's share.
 
     python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
 """
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from _common import bench
 from _common import environment
+from _common import gpu_us
 from _common import write_json
 from kernels_cuda import _ops
 from kernels_triton import _rms_norm
@@ -55,7 +58,6 @@ SHAPES = [
 ]
 
 
-_FLUSH = None
 CHAIN = 8
 
 
@@ -71,41 +73,6 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
         raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
                            f"{kernels_core.get_report(norms).summary()}")
     return norms
-
-
-def gpu_us(fn, *, calls=10, replays=15):
-    """GPU time of ``fn`` alone: CUDA graphs of [L2 flush, fn] x calls and [L2 flush] x calls, replayed and
-    subtracted, so that neither host-side launch work nor an L2-resident input shows in the result."""
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graphs = []
-    for with_fn in (True, False):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                _FLUSH.zero_()
-                if with_fn:
-                    fn()
-        graphs.append(graph)
-    medians = []
-    for graph in graphs:
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        medians.append(sorted(times)[len(times) // 2])
-    return (medians[0] - medians[1]) / calls * 1e3
 
 
 def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
@@ -193,6 +160,14 @@ def main() -> None:
 
             row[f"chain_{name}_per_layer_us"] = bench(chain_fwd_bwd) / CHAIN
             row[f"chain_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] / row[f"chain_{name}_per_layer_us"]
+            # The same chain replayed as a CUDA graph: its GPU time alone, so the gap to the row above is what
+            # the host (module calls, Python autograd nodes, launches) adds.
+            try:
+                row[f"chain_{name}_gpu_per_layer_us"] = gpu_us(chain_fwd_bwd, calls=3) / CHAIN
+                row[f"chain_{name}_gpu_frac_same_size_copy"] = (
+                    2.5 * row["copy_gpu_us"] / row[f"chain_{name}_gpu_per_layer_us"])
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                row[f"chain_{name}_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
         del chain_module, chains, weights
         rows.append(row)
         print(
@@ -205,7 +180,8 @@ def main() -> None:
             + f" (tuned {row.get('tuned_fwd_gpu_frac_same_size_copy', float('nan')):.0%} of copy)"
             + f" | module fwd {row['module_fwd_us']:6.1f} ({row['module_fwd_frac_same_size_copy']:.0%} of copy)"
             + " | chain per layer fwd+bwd "
-            + " ".join(f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%})"
+            + " ".join(f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%}, "
+                       f"GPU {row.get(f'chain_{k}_gpu_per_layer_us', float('nan')):6.1f})"
                        for k in ("module", "f_rms_norm", "triton")),
             flush=True,
         )

@@ -54,7 +54,7 @@ class _Launcher:
 
     def __init__(self, kernel: triton.runtime.JITFunction) -> None:
         self.kernel = kernel
-        self.compiled: dict[tuple, object] = {}
+        self.compiled: dict[tuple, _Compiled] = {}
         params = getattr(kernel, "params", None)  # absent under the interpreter
         self.direct = params is not None and os.environ.get("KERNELS_TRITON_DIRECT_LAUNCH", "1") != "0"
         # Per parameter: how its argument enters the key. Constexprs and integers Triton may specialise on their
@@ -93,18 +93,65 @@ class _Launcher:
             return
         # Compiled kernels are loaded per device: the device (current, set by the adapters to the inputs') is
         # part of the key, like the per-device caches of Triton's own launch.
-        key = (num_warps, args[0].get_device(), self._key(args))
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            self.compiled[key] = self.kernel[(grid,)](*args, num_warps=num_warps)
+        device = args[0].get_device()
+        key = (num_warps, device, self._key(args))
+        entry = self.compiled.get(key)
+        if entry is None:
+            compiled = self.kernel[(grid,)](*args, num_warps=num_warps)
+            try:
+                self.compiled[key] = _Compiled(compiled)
+            except AttributeError:  # a Triton without these attributes: its normal launch from now on
+                logger.warning("kernels-triton: cannot launch %s directly with this Triton; using its normal "
+                               "launch", self.kernel.__name__, exc_info=True)
+                self.direct = False
             return
         try:
-            compiled[(grid, 1, 1)](*args)
+            entry.launch(grid, device, args)
         except Exception:  # noqa: BLE001 - an unexpected Triton API: the normal launch always works
             logger.warning("kernels-triton: direct launch of %s failed; using Triton's normal launch from now on",
                            self.kernel.__name__, exc_info=True)
             self.direct = False
             self.kernel[(grid,)](*args, num_warps=num_warps)
+
+
+def _triton_runtime_knobs() -> object | None:
+    """Triton's runtime settings, which hold the launch hooks (Triton 3.4+), or None."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return getattr(knobs, "runtime", None)
+
+
+_RUNTIME = _triton_runtime_knobs()
+
+
+class _Compiled:
+    """One compiled kernel and what its launch needs, read once.
+
+    ``compiled[grid](*args)`` looks up the current device and stream through Triton's driver and builds launch
+    metadata for the hooks on every call (about 4 us of the 8 a launch costs on the host). With no launch hook
+    registered this calls the compiled kernel's launcher directly with the tensor's device's current stream, the
+    stream Triton itself would use; with hooks (a profiler) it takes Triton's own path so that they still run.
+    """
+
+    __slots__ = ("compiled", "function", "metadata", "run")
+
+    def __init__(self, compiled: object) -> None:
+        self.compiled = compiled
+        self.run = compiled.run  # type: ignore[attr-defined]  # loads the binary and builds the launcher once
+        self.function = compiled.function  # type: ignore[attr-defined]
+        self.metadata = compiled.packed_metadata  # type: ignore[attr-defined]
+
+    def launch(self, grid: int, device: int, args: tuple) -> None:
+        if _RUNTIME is not None:
+            # Each hook is a chain of callables (Triton 3.5+), a callable or None: no hook when all are empty.
+            enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook  # type: ignore[attr-defined]
+            if not getattr(enter, "calls", enter) and not getattr(leave, "calls", leave):
+                self.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), self.function, self.metadata,
+                         None, None, None, *args)
+                return
+        self.compiled[(grid, 1, 1)](*args)  # type: ignore[index]
 
 
 def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
@@ -175,10 +222,10 @@ def _sm_count(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _norm_tiling(n_cols: int, element_size: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): tiles of about 8 KiB of input per program, whole rows per tile."""
+def _norm_tiling(n_cols: int, element_size: int, tile_bytes: int = 8192) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): tiles of about ``tile_bytes`` of input per program, whole rows per tile."""
     block_n = _next_power_of_2(n_cols)
-    block_m = max(1, min(64, 8192 // (block_n * element_size)))
+    block_m = max(1, min(64, tile_bytes // (block_n * element_size)))
     elements = block_m * block_n
     num_warps = 4 if elements <= 4096 else 8 if elements <= 8192 else 16
     return block_m, block_n, num_warps
@@ -270,7 +317,7 @@ def _add_rms_norm_fwd_kernel(
 def _add_rms_norm_bwd_kernel(
     DY, DS, S, W, RSTD, DX, DW_PARTIAL, n_rows, offset, rows_per_program, N_COLS: tl.constexpr,
     GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     # The RMSNorm backward over the saved sum, plus the gradient reaching the sum directly (the layer's final
     # residual add): dx = d_norm(dy) + ds, which is also the residual's gradient. One rounding, in float32.
@@ -287,7 +334,9 @@ def _add_rms_norm_bwd_kernel(
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    for start in range(first, last, BLOCK_M):
+    # STAGES > 1 lets the compiler prefetch the next rows' loads while this tile computes (each program walks
+    # many tiles, so without it every tile waits for its own loads).
+    for start in tl.range(first, last, BLOCK_M, num_stages=STAGES):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < last
         mask = row_mask[:, None] & col_mask[None, :]
@@ -309,21 +358,47 @@ def _add_rms_norm_bwd_kernel(
     tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, dw, mask=col_mask)
 
 
+@triton.jit(do_not_specialize=["n_partials"])
+def _sum_partials_kernel(PARTIAL, OUT, n_partials, N_COLS: tl.constexpr, BLOCK_P: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+    # Column sums of the backward's per-program float32 weight-gradient rows, in a fixed order (deterministic),
+    # rounded once to the weight's dtype: one launch where ``partial.sum(0).to(dtype)`` is two ops.
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < N_COLS
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for start in range(0, n_partials, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < n_partials)[:, None] & col_mask[None, :]
+        acc += tl.load(PARTIAL + rows.to(tl.int64)[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0)
+    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
+
+
+# The backward's launch shape, from the H200 sweep (benchmarks/cuda/rmsnorm_tiling_sweep.py).
+BACKWARD_PROGRAMS_PER_SM = 2
+BACKWARD_TILE_BYTES = 8192
+BACKWARD_STAGES = 1
+_SUM_BLOCK_P, _SUM_BLOCK_C = 32, 32
+
+
 @functools.lru_cache(maxsize=1024)
-def _norm_backward_tiling(n_rows: int, n_cols: int, element_size: int, device_index: int) -> tuple[int, ...]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs, rows per program) of the backward.
+def _norm_backward_tiling(n_rows: int, n_cols: int, element_size: int, device_index: int, *,
+                          programs_per_sm: int = 0, tile_bytes: int = 0, stages: int = 0) -> tuple[int, ...]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs, rows per program, stages) of the backward; zero: the default.
 
     A few programs per SM, each reducing its rows' weight gradient in registers: one float32 row per program to
     sum afterwards instead of atomics (deterministic).
     """
-    block_m, block_n, num_warps = _norm_tiling(n_cols, element_size)
-    programs = max(1, min(2 * _sm_count(device_index), _cdiv(n_rows, block_m)))
+    block_m, block_n, num_warps = _norm_tiling(n_cols, element_size, tile_bytes or BACKWARD_TILE_BYTES)
+    per_sm = programs_per_sm or BACKWARD_PROGRAMS_PER_SM
+    programs = max(1, min(per_sm * _sm_count(device_index), _cdiv(n_rows, block_m)))
     rows_per_program = _cdiv(_cdiv(n_rows, programs), block_m) * block_m
-    return block_m, block_n, num_warps, _cdiv(n_rows, rows_per_program), rows_per_program
+    return (block_m, block_n, num_warps, _cdiv(n_rows, rows_per_program), rows_per_program,
+            stages or BACKWARD_STAGES)
 
 
 _launch_add_rms_norm_fwd = _Launcher(_add_rms_norm_fwd_kernel)
 _launch_add_rms_norm_bwd = _Launcher(_add_rms_norm_bwd_kernel)
+_launch_sum_partials = _Launcher(_sum_partials_kernel)
 
 
 def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
@@ -343,29 +418,33 @@ def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
 
 
 def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor,
-                          rstd: torch.Tensor, offset: float, gemma: bool, *,
-                          want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          rstd: torch.Tensor, offset: float, gemma: bool, *, want_dw: bool,
+                          tiling: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gradient of the sum's inputs (the same for the attention output and the residual) and of the weight.
 
     ``s`` is the saved contiguous sum (any rank), ``dy`` the gradient of the normalised output, ``ds`` that of
-    the sum itself (None: zero); the input gradient has ``s``'s shape.
+    the sum itself (None: zero); the input gradient has ``s``'s shape. ``tiling`` overrides the launch shape
+    (:func:`_norm_backward_tiling`; benchmarks sweep it).
     """
     n_cols = s.shape[-1]
     n_rows = s.numel() // n_cols
     dy = dy.contiguous()
     ds = ds.contiguous() if ds is not None else None
     dx = torch.empty_like(s)
-    block_m, block_n, num_warps, programs, rows_per_program = _norm_backward_tiling(
-        n_rows, n_cols, s.element_size(), s.get_device())
+    device = s.get_device()
+    block_m, block_n, num_warps, programs, rows_per_program, stages = tiling or _norm_backward_tiling(
+        n_rows, n_cols, s.element_size(), device)
     partial = torch.empty(programs, n_cols, device=s.device, dtype=torch.float32)
     _launch_add_rms_norm_bwd(
         programs, dy, ds if ds is not None else dy, s, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
-        n_cols, gemma, offset != 0.0, ds is not None, block_m, block_n, num_warps=num_warps,
+        n_cols, gemma, offset != 0.0, ds is not None, block_m, block_n, stages, num_warps=num_warps,
     )
     if not want_dw:
         return dx, None
-    dw = partial.sum(0)
-    return dx, (dw if dw.dtype == weight.dtype else dw.to(weight.dtype))
+    dw = weight.new_empty(weight.shape)  # contiguous, whatever the weight's strides
+    _launch_sum_partials(_cdiv(n_cols, _SUM_BLOCK_C), partial, dw, programs, n_cols, _SUM_BLOCK_P, _SUM_BLOCK_C,
+                         num_warps=4)
+    return dx, dw
 
 
 class _AddRMSNorm(torch.autograd.Function):
