@@ -10,13 +10,14 @@ the mean time per call of 200 calls issued back to back on a tiny input, which i
 
 The module call path: ``module_fwd_us`` times a transformers ``Qwen3RMSNorm`` kernelized by kernels-core
 (``Mode.INFERENCE``, called under ``no_grad``), so the module call, the core's forward and the size-tuned choice
-are all counted. ``chain_*`` runs a stack of 8 such modules (``Mode.TRAINING``, or the bare functions) forward
-and backward in one ``torch.autograd.grad`` and reports the time per layer: what a layer costs inside a model's
-step, every host cost on its path included except the single ``autograd.grad`` entry a step pays once. Each layer
-moves five tensors of the input's size (forward: read, write; backward: read input and gradient, write
-gradient), so its fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``.
-``chain_*_gpu_per_layer_us`` replays the same chain as a CUDA graph: the GPU time alone, against which the gap to
-the chain as called is the host's share.
+are all counted. ``chain_*`` runs a stack of 8 such modules (``Mode.TRAINING``; ``module_triton``: the same modules
+with the size thresholds at zero, so every call takes the Triton kernel; or the bare functions) forward and
+backward in one ``torch.autograd.grad`` and reports the time per layer: what a layer costs inside a model's step,
+every host cost on its path included except the single ``autograd.grad`` entry a step pays once. Each layer moves
+five tensors of the input's size (forward: read, write; backward: read input and gradient, write gradient), so its
+fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``chain_*_gpu_per_layer_us``
+replays the same chain as a CUDA graph: the GPU time alone, against which the gap to the chain as called is the
+host's share.
 
     python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
 """
@@ -73,6 +74,23 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
         raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
                            f"{kernels_core.get_report(norms).summary()}")
     return norms
+
+
+CHAINS = ("module", "module_triton", "f_rms_norm", "triton")
+_THRESHOLDS = ("TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", "TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD",
+               "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD")
+
+
+def _with_triton_always(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """``module(t)`` with kernels-cuda's with-autograd thresholds at zero, so the tuned RMSNorm picks Triton."""
+    saved = {name: getattr(_ops, name) for name in _THRESHOLDS}
+    for name in _THRESHOLDS:
+        setattr(_ops, name, 0)
+    try:
+        return module(t)
+    finally:
+        for name, value in saved.items():
+            setattr(_ops, name, value)
 
 
 def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
@@ -150,6 +168,8 @@ def main() -> None:
                 t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
             "triton": lambda t, weights=weights: _apply_all(
                 t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
+            # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
+            "module_triton": lambda t, chain_module=chain_module: _with_triton_always(chain_module, t),
         }
         xg = x.detach().requires_grad_(True)
         dy = torch.randn_like(x)
@@ -182,7 +202,7 @@ def main() -> None:
             + " | chain per layer fwd+bwd "
             + " ".join(f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%}, "
                        f"GPU {row.get(f'chain_{k}_gpu_per_layer_us', float('nan')):6.1f})"
-                       for k in ("module", "f_rms_norm", "triton")),
+                       for k in CHAINS),
             flush=True,
         )
     payload = {

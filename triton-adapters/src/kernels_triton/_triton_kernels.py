@@ -373,10 +373,15 @@ def _sum_partials_kernel(PARTIAL, OUT, n_partials, N_COLS: tl.constexpr, BLOCK_P
     tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
 
 
-# The backward's launch shape, from the H200 sweep (benchmarks/cuda/rmsnorm_tiling_sweep.py).
+# The backward's launch shape, from the H200 sweep (benchmarks/results/cuda-rmsnorm-tiling-h200.json, GPU time
+# with the weight-gradient sum, us): 2 programs per SM, 8 KiB tiles, 3 pipeline stages is within 3% of each
+# shape's best from 8M to 67M elements (16384x1024: 34.4 vs 43.6 without pipelining; 4096x4096: 34.4 vs 40.6;
+# 8192x8192: 111 vs 145); rows of 256 or fewer take 4 programs per SM (131072x128: 38.9 vs 42.6).
 BACKWARD_PROGRAMS_PER_SM = 2
+BACKWARD_NARROW_PROGRAMS_PER_SM = 4
 BACKWARD_TILE_BYTES = 8192
-BACKWARD_STAGES = 1
+BACKWARD_STAGES = 3
+_NARROW_COLS = 256
 _SUM_BLOCK_P, _SUM_BLOCK_C = 32, 32
 
 
@@ -389,7 +394,8 @@ def _norm_backward_tiling(n_rows: int, n_cols: int, element_size: int, device_in
     sum afterwards instead of atomics (deterministic).
     """
     block_m, block_n, num_warps = _norm_tiling(n_cols, element_size, tile_bytes or BACKWARD_TILE_BYTES)
-    per_sm = programs_per_sm or BACKWARD_PROGRAMS_PER_SM
+    per_sm = programs_per_sm or (BACKWARD_NARROW_PROGRAMS_PER_SM if n_cols <= _NARROW_COLS
+                                 else BACKWARD_PROGRAMS_PER_SM)
     programs = max(1, min(per_sm * _sm_count(device_index), _cdiv(n_rows, block_m)))
     rows_per_program = _cdiv(_cdiv(n_rows, programs), block_m) * block_m
     return (block_m, block_n, num_warps, _cdiv(n_rows, rows_per_program), rows_per_program,
