@@ -102,6 +102,7 @@ def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tens
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--shapes", help="only these shapes, e.g. 8192x1024,16384x1024 (default: the full sweep)")
     args = parser.parse_args()
     dtype = torch.bfloat16
     # Copy bandwidth: bytes read + written by a large device-to-device copy.
@@ -129,7 +130,8 @@ def main() -> None:
         torch.cuda.synchronize()
     print("host us per call:", {k: round(v, 1) for k, v in host.items()}, flush=True)
     rows = []
-    for n, h in SHAPES:
+    shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes.split(",")] if args.shapes else SHAPES
+    for n, h in shapes:
         x = torch.randn(n, h, device="cuda", dtype=dtype)
         w = torch.randn(h, device="cuda", dtype=dtype)
         dst = torch.empty_like(x)

@@ -241,7 +241,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: 
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols
     y = torch.empty_like(x)
-    rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32) if store_rstd else None
+    rstd = x.new_empty((n_rows,), dtype=torch.float32) if store_rstd else None
     block_m, block_n, num_warps = _norm_tiling(n_cols, x.element_size())
     _launch_rms_norm_fwd(
         _cdiv(n_rows, block_m), x, weight, y, rstd if rstd is not None else y, n_rows, eps, offset, n_cols,
@@ -414,7 +414,7 @@ def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
     n_rows = x.numel() // n_cols
     y = torch.empty_like(x)
     s = torch.empty_like(x)
-    rstd = torch.empty(n_rows, device=x.device, dtype=torch.float32) if store_rstd else None
+    rstd = x.new_empty((n_rows,), dtype=torch.float32) if store_rstd else None
     block_m, block_n, num_warps = _norm_tiling(n_cols, x.element_size())
     _launch_add_rms_norm_fwd(
         _cdiv(n_rows, block_m), x, r, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
@@ -440,7 +440,7 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
     device = s.get_device()
     block_m, block_n, num_warps, programs, rows_per_program, stages = tiling or _norm_backward_tiling(
         n_rows, n_cols, s.element_size(), device)
-    partial = torch.empty(programs, n_cols, device=s.device, dtype=torch.float32)
+    partial = s.new_empty((programs, n_cols), dtype=torch.float32)
     _launch_add_rms_norm_bwd(
         programs, dy, ds if ds is not None else dy, s, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
         n_cols, gemma, offset != 0.0, ds is not None, block_m, block_n, stages, num_warps=num_warps,
