@@ -5,8 +5,10 @@ kernelize + torch.compile, each variant in a fresh process (Liger's patching is 
 
 For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
 RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only; ``+native_residual``: for the fused residual
-add + RMSNorm), ``+no_residual`` disables the residual_rms_norm kind (each norm on its own, as before it existed),
-``+chunkN`` runs Liger's fused loss with token chunks of about N rows; e.g. ``kernelize_compile+native+chunk128``.
+add + RMSNorm), ``+triton_norm`` takes the Triton kernels for both norm kinds at every size (the tuned kernels
+pick by measured size thresholds), ``+no_residual`` disables the residual_rms_norm kind (each norm on its own, as
+before it existed), ``+chunkN`` runs Liger's fused loss with token chunks of about N rows; e.g.
+``kernelize_compile+native+chunk128``.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         if modifier in _NATIVE_KINDS:
             for kind in _NATIVE_KINDS[modifier]:
                 kinds[kind] = {"prefer": {"cuda": [f"cuda.{kind}.torch"]}}
+        elif modifier == "triton_norm":
+            for kind in ("rms_norm", "residual_rms_norm"):
+                kinds[kind] = {"prefer": {"cuda": [f"cuda.{kind}.triton"]}}
         elif modifier == "no_residual":
             kinds["residual_rms_norm"] = {"enabled": False}
         elif modifier.startswith("chunk"):
@@ -87,7 +92,7 @@ def _kernelize_config(modifiers: list[str]) -> dict:
             _loss._chunk_mem_const = functools.partial(_as_compiled, _loss._chunk_mem_const)
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm, "
-                             "native_residual, no_residual or chunk<N>")
+                             "native_residual, triton_norm, no_residual or chunk<N>")
     return {"kinds": kinds}
 
 
