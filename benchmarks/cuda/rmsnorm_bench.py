@@ -77,12 +77,11 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
 
 
 CHAINS = ("module", "module_triton", "f_rms_norm", "triton")
-_THRESHOLDS = ("TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", "TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD",
-               "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD")
+_THRESHOLDS = ("TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD",)
 
 
 def _with_triton_always(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """``module(t)`` with kernels-cuda's with-autograd thresholds at zero, so the tuned RMSNorm picks Triton."""
+    """``module(t)`` with kernels-cuda's with-autograd threshold at zero, so the tuned RMSNorm picks Triton."""
     saved = {name: getattr(_ops, name) for name in _THRESHOLDS}
     for name in _THRESHOLDS:
         setattr(_ops, name, 0)
@@ -213,7 +212,6 @@ def main() -> None:
         "copy_bandwidth_GBps": copy_bw,
         "tuned_triton_min_elements": _ops.TRITON_RMS_NORM_MIN_ELEMENTS,
         "tuned_triton_min_elements_with_grad": _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD,
-        "tuned_triton_min_hidden_with_grad": _ops.TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD,
         "host_us_per_call": host,
         "rows": rows,
     }

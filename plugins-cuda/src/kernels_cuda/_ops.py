@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 __all__ = [
     "TRITON_RMS_NORM_MIN_ELEMENTS",
     "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD",
-    "TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD",
-    "TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD",
     "residual_rms_norm",
     "rms_norm",
 ]
@@ -34,21 +32,15 @@ __all__ = [
 #   [4096, 1024]     13.0 | 10.3      [8192, 1024]  19.1 | 17.8      [131072, 128] 86.3 | 28.9
 # Host per call on a tiny input (cuda-host-overhead-h100.json): F.rms_norm 10.4 us, the Triton adapter 18 us.
 # From 2**22 elements the Triton kernel's GPU time saving outweighs its extra host time.
-# Forward+backward per layer of a chain of 8 (every host cost on the module path counted), us: F.rms_norm | Triton
-#   [16384, 1024]   133 | 227      [4096, 4096]  112 | 204      [16384, 2048]  200 | 242
-#   [8192, 8192]    482 | 273      [16384, 4096] 457 | 258      [65536, 2048]  752 | 501
-# The Triton backward runs as a Python autograd node in the engine's device thread, where the same host work
-# measured 1.7x slower than in the main thread; F.rms_norm's native node has none. Only where the GPU time
-# dominates (from 2**26 elements, rows of 2048 or more) does the Triton kernel win with autograd. Rows of 256 or
-# fewer (Qwen3's per-head q/k norms) are the exception: F.rms_norm is slow on them on the GPU, forward (82 us vs
-# 19 at [131072, 128]) and backward. On the H200 (cuda-rmsnorm-h200-host-path.json) the chain there took 208 us
-# per layer with F.rms_norm and 120 with Triton, so narrow rows take Triton from 2**24 elements; on the H100 run
-# above the two were within 10% (217 vs 239 us).
+# With autograd: H200, Qwen3-0.6B-shape training step (4 x 2048 tokens, norms of 8.4M elements, q/k norms of 8.4M
+# and 16.8M), two paired runs of kernelize with these thresholds against Triton for every norm
+# (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json): 74.1k vs 76.3k and 70.8k vs 78.3k tokens/s, so from 2**23
+# elements with autograd as well. An isolated chain of 8 RMSNorms (cuda-rmsnorm-h200-session16.json), where no
+# other work hides the host, still favours F.rms_norm up to ~2**25 elements: there the Triton path costs ~130 us of
+# host time per layer (its backward is a Python autograd node) against 47 us of GPU time at 16.8M elements, while
+# F.rms_norm's GPU time is 118 us; in a model the matmuls keep the GPU busy while the host catches up.
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
-TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 26
-TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD = 2048
-TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD = 1 << 24
-_NARROW_ROWS = 256
+TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 23
 # Under torch.compile the native math is traced instead, for every size: Inductor fuses it with the residual adds
 # around it. H200, Qwen3-0.6B shape, bf16, same run (benchmarks/results/cuda-qwen3-h200-compile-variants.json):
 # training 76.2k tokens/s with the native RMSNorm vs 74.5k with the Triton kernel as a custom op (RoPE and gated
@@ -59,12 +51,9 @@ def _triton_wins(hidden_states: torch.Tensor, *inputs: torch.Tensor) -> bool:
     """Whether the measured thresholds pick the Triton kernel for this call (``inputs``: every differentiable one)."""
     import torch
 
-    numel, hidden = hidden_states.numel(), hidden_states.shape[-1]
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
-        return numel >= TRITON_RMS_NORM_MIN_ELEMENTS
-    if hidden <= _NARROW_ROWS:
-        return numel >= TRITON_RMS_NORM_NARROW_MIN_ELEMENTS_WITH_GRAD
-    return numel >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD and hidden >= TRITON_RMS_NORM_MIN_HIDDEN_WITH_GRAD
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
+    return hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS
 
 
 def rms_norm(
