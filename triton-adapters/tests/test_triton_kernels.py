@@ -192,3 +192,65 @@ def test_gated_activation_even_and_ragged_lengths(kernels, rows):
     torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
     out.sum().backward()
     torch.testing.assert_close(up.grad, F.silu(gate.detach()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("programs_per_sm", "tile_bytes", "stages"),
+                         [(1, 4096, 1), (2, 8192, 3), (4, 16384, 2), (8, 4096, 3)])
+def test_rms_norm_backward_launch_shapes_agree_with_float64(triton_kernels, programs_per_sm, tile_bytes, stages):
+    # Every launch shape the tiling sweep tries must compute the same gradients: ragged row blocks (37 rows over
+    # 1-64-row tiles and 4-32 programs), a width that is no power of two, the weight-gradient sum over any number
+    # of per-program rows. Float32 against a float64 autograd truth.
+    rows, cols, eps = 37, 200, 1e-6
+    x = torch.randn(rows, cols, device=DEV) * 2 + 0.3
+    w = torch.randn(cols, device=DEV) * 0.5 + 1.0
+    dy = torch.randn(rows, cols, device=DEV)
+    x64, w64 = x.double().requires_grad_(True), w.double().requires_grad_(True)
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w64
+    dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
+    _, rstd = triton_kernels.rms_norm_forward(x, w, eps, 0.0, False, store_rstd=True)
+    tiling = triton_kernels._norm_backward_tiling(rows, cols, x.element_size(), x.get_device(),
+                                                  programs_per_sm=programs_per_sm, tile_bytes=tile_bytes,
+                                                  stages=stages)
+    dx, dw = triton_kernels.add_rms_norm_backward(dy, None, x, w, rstd, 0.0, False, want_dw=True, tiling=tiling)
+    assert tiling[3] > 1, "the shape should spread rows over several programs"
+    torch.testing.assert_close(dx.double(), dx64, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dw.double(), dw64, rtol=1e-4, atol=1e-4)
+    assert dw.dtype == w.dtype and dw.shape == w.shape
+
+
+class _FakeCompiled:
+    """A compiled Triton kernel's launch surface, recording which path a launch took."""
+
+    function, packed_metadata = "function-handle", "packed-metadata"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(("direct", args))
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append(("triton", (grid, *args)))
+
+
+@pytest.mark.parametrize("hooks", ["none", "enter", "exit", "no_knobs"])
+def test_direct_launch_steps_aside_for_launch_hooks(triton_kernels, monkeypatch, hooks):
+    # With no launch hook registered the cached kernel goes straight to its launcher on the current stream;
+    # a registered hook (a profiler) must still see every launch, so then Triton's own path is taken.
+    from types import SimpleNamespace
+
+    enter, leave = SimpleNamespace(calls=[]), SimpleNamespace(calls=[])
+    if hooks == "enter":
+        enter.calls.append(print)
+    elif hooks == "exit":
+        leave.calls.append(print)
+    runtime = None if hooks == "no_knobs" else SimpleNamespace(launch_enter_hook=enter, launch_exit_hook=leave)
+    monkeypatch.setattr(triton_kernels, "_RUNTIME", runtime)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    fake = _FakeCompiled()
+    triton_kernels._Compiled(fake).launch(7, 3, ("a", 1, 2.0))
+    if hooks == "none":
+        assert fake.calls == [("direct", (7, 1, 1, 1003, "function-handle", "packed-metadata", None, None, None,
+                                          "a", 1, 2.0))]
+    else:
+        assert fake.calls == [("triton", ((7, 1, 1), "a", 1, 2.0))]
