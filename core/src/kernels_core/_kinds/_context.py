@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._forward import decorator_chain_problem
+
 
 __all__ = [
     "MatchContext",
@@ -43,6 +45,7 @@ __all__ = [
     "plain_class_forward",
     "positional_arity",
     "rel_error",
+    "reroute_blocker",
     "tolerance",
 ]
 
@@ -94,6 +97,21 @@ def param_dtype(module: nn.Module) -> torch.dtype | None:
 def plain_class_forward(module: nn.Module) -> Callable[..., Any]:
     """The class's forward with decorators peeled off (for reading its code, not for calling)."""
     return inspect.unwrap(type(module).forward)
+
+
+def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
+    """Why ``global_name`` in this module's forward cannot be rerouted per instance, or None if it can."""
+    problem = decorator_chain_problem(type(module).forward)
+    if problem:
+        return problem
+    forward = plain_class_forward(module)
+    if global_name not in forward.__code__.co_names:
+        return f"the class forward does not call {global_name!r} directly"
+    if instance_override(module) is not None:
+        return f"{FOREIGN_FORWARD}; leaving it alone"
+    if not callable(forward.__globals__.get(global_name)):
+        return f"{global_name!r} is not a callable global of {forward.__module__}"
+    return None
 
 
 def positional_arity(fn: Callable[..., Any]) -> tuple[int, bool]:

@@ -22,7 +22,7 @@ from .._types import Decline
 from .._types import Match
 from ._context import MatchContext
 from ._context import plain_class_forward
-from ._rotary import reroute_blocker
+from ._context import reroute_blocker
 
 
 __all__ = ["GLOBAL_NAME", "adapt_causal_mask", "match_causal_mask"]

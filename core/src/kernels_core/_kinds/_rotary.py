@@ -14,36 +14,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._forward import decorator_chain_problem
 from .._types import Decline
 from .._types import Match
 from . import _reference
-from ._context import FOREIGN_FORWARD
 from ._context import MatchContext
 from ._context import close
-from ._context import instance_override
 from ._context import param_dtype
 from ._context import plain_class_forward
+from ._context import reroute_blocker
 
 
-__all__ = ["GLOBAL_NAME", "adapt_rotary", "match_rotary", "reroute_blocker"]
+__all__ = ["GLOBAL_NAME", "adapt_rotary", "match_rotary"]
 
 GLOBAL_NAME = "apply_rotary_pos_emb"
-
-
-def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
-    """Why ``global_name`` in this module's forward cannot be rerouted per instance, or None if it can."""
-    problem = decorator_chain_problem(type(module).forward)
-    if problem:
-        return problem
-    forward = plain_class_forward(module)
-    if global_name not in forward.__code__.co_names:
-        return f"the class forward does not call {global_name!r} directly"
-    if instance_override(module) is not None:
-        return f"{FOREIGN_FORWARD}; leaving it alone"
-    if not callable(forward.__globals__.get(global_name)):
-        return f"{global_name!r} is not a callable global of {forward.__module__}"
-    return None
 
 
 def _interleaved_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
