@@ -76,20 +76,14 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
     return norms
 
 
-CHAINS = ("module", "module_triton", "f_rms_norm", "triton")
-_THRESHOLDS = ("TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD",)
-
-
 def _with_triton_always(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
     """``module(t)`` with kernels-cuda's with-autograd threshold at zero, so the tuned RMSNorm picks Triton."""
-    saved = {name: getattr(_ops, name) for name in _THRESHOLDS}
-    for name in _THRESHOLDS:
-        setattr(_ops, name, 0)
+    saved = _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
+    _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 0
     try:
         return module(t)
     finally:
-        for name, value in saved.items():
-            setattr(_ops, name, value)
+        _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = saved
 
 
 def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
@@ -189,6 +183,7 @@ def main() -> None:
                     2.5 * row["copy_gpu_us"] / row[f"chain_{name}_gpu_per_layer_us"])
             except Exception as exc:  # noqa: BLE001 - reported, not fatal
                 row[f"chain_{name}_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        chain_names = tuple(chains)
         del chain_module, chains, weights
         rows.append(row)
         print(
@@ -203,7 +198,7 @@ def main() -> None:
             + " | chain per layer fwd+bwd "
             + " ".join(f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%}, "
                        f"GPU {row.get(f'chain_{k}_gpu_per_layer_us', float('nan')):6.1f})"
-                       for k in CHAINS),
+                       for k in chain_names),
             flush=True,
         )
     payload = {

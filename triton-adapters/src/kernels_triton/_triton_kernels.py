@@ -31,7 +31,7 @@ import triton.language as tl
 
 __all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "gated_activation", "gated_backward",
            "gated_forward", "residual_rms_norm", "rms_norm", "rms_norm_backward", "rms_norm_forward", "rotary",
-           "rotary_launch", "unit_last_stride"]
+           "rotary_launch", "sum_partial_rows", "unit_last_stride"]
 
 # Rows longer than this do not fit one block's registers; callers take the native path instead.
 MAX_RMS_NORM_COLS = 32768
@@ -439,9 +439,8 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
     dy = dy.contiguous()
     ds = ds.contiguous() if ds is not None else None
     dx = torch.empty_like(s)
-    device = s.get_device()
     block_m, block_n, num_warps, programs, rows_per_program, stages = tiling or _norm_backward_tiling(
-        n_rows, n_cols, s.element_size(), device)
+        n_rows, n_cols, s.element_size(), s.get_device())
     partial = s.new_empty((programs, n_cols), dtype=torch.float32)
     _launch_add_rms_norm_bwd(
         programs, dy, ds if ds is not None else dy, s, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
@@ -450,9 +449,18 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
     if not want_dw:
         return dx, None
     dw = weight.new_empty(weight.shape)  # contiguous, whatever the weight's strides
-    _launch_sum_partials(_cdiv(n_cols, _SUM_BLOCK_C), partial, dw, programs, n_cols, _SUM_BLOCK_P, _SUM_BLOCK_C,
-                         num_warps=4)
+    sum_partial_rows(partial, dw)
     return dx, dw
+
+
+def sum_partial_rows(partial: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[:] = partial.sum(0)`` in ``out``'s dtype, one launch: the backward's per-program weight-gradient rows.
+
+    ``partial`` is a contiguous float32 ``[programs, n_cols]``, ``out`` a contiguous ``[n_cols]``.
+    """
+    programs, n_cols = partial.shape
+    _launch_sum_partials(_cdiv(n_cols, _SUM_BLOCK_C), partial, out, programs, n_cols, _SUM_BLOCK_P, _SUM_BLOCK_C,
+                         num_warps=4)
 
 
 class _AddRMSNorm(torch.autograd.Function):

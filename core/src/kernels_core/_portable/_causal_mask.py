@@ -3,10 +3,10 @@
 Eagerly, transformers' ``create_causal_mask`` returns ``None`` for unpadded causal inputs with an empty cache, and
 SDPA then runs its causal kernels. While Dynamo traces the same call it may build a dense ``[B, 1, S, S]`` mask
 instead (transformers 5.17 always; 5.23 on torch 2.11; any version without a cache), and SDPA computes every
-score. This kernel returns ``None`` while tracing when that
-is provably what the eager call returns, judging from facts fixed at trace time only (which arguments are None,
-the attention implementation, the cache's length): no tensor value is read, so the graph has no break and no
-guard on data. Everything else is handed to transformers' function unchanged.
+score. This kernel returns ``None`` while tracing when that is provably what the eager call returns, judging from
+facts fixed at trace time only (which arguments are None, the attention implementation, the cache's length): no
+tensor value is read, so the graph has no break and no guard on data. Everything else is handed to transformers'
+function unchanged.
 
 Example:
     >>> from kernels_core._portable._causal_mask import sdpa_is_causal
