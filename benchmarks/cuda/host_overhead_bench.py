@@ -9,7 +9,11 @@ mean microseconds per call, side by side in one run:
   one kernels-triton takes), the kernels-triton entry points (``_triton_kernels.rms_norm`` ->
   ``_triton.rms_norm``), kernels-cuda's size-tuned entry point, the kernelized
   ``Qwen3RMSNorm`` module, and for reference ``F.rms_norm`` and the eager transformers module;
-* forward+backward through ``torch.autograd.grad``: ``F.rms_norm``, the Triton kernel, a trivial Python
+* forward with autograd recording (no backward): the Triton entry point with kernels-triton's C++ autograd node,
+  the same with the Python ``autograd.Function``, the kernelized training module on the Triton kernel, and the
+  extension's call alone;
+* forward+backward through ``torch.autograd.grad``: ``F.rms_norm``, the Triton kernel (C++ and Python autograd
+  nodes; bare and as the kernelized training module; the extension's call alone), a trivial Python
   ``autograd.Function`` (what any custom Function pays in the autograd engine), and the Triton backward called
   directly without autograd.
 
@@ -79,8 +83,13 @@ def main() -> None:
 
     import kernels_core
     from kernels_cuda import _ops
+    from kernels_triton import _cpp_extension
     from kernels_triton import _triton
     from kernels_triton import _triton_kernels
+
+    # The norms' C++ autograd extension builds in the background on first use: wait, so the rows time it.
+    _cpp_extension.extension(wait=True)
+    print("C++ autograd extension:", _cpp_extension.status(), _cpp_extension.failure() or "", flush=True)
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     dtype = torch.bfloat16
@@ -130,10 +139,57 @@ def main() -> None:
             torch.autograd.grad(fn(*inputs), inputs, dy)
         return run
 
+    def python_autograd(fn):
+        # The norms' Python autograd.Function, as before kernels-triton's C++ autograd extension.
+        def run():
+            saved = _triton_kernels._cpp_norm_call
+            _triton_kernels._cpp_norm_call = lambda *args: None
+            try:
+                fn()
+            finally:
+                _triton_kernels._cpp_norm_call = saved
+        return run
+
+    cpp = _triton_kernels._cpp_norm_call(False, x, w, 0.0, False)
+    training = kernels_core.kernelize(
+        torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.TRAINING)
+    training_module = training[0]
+
+    def triton_always(fn):
+        # kernels-cuda's size threshold at zero: the tuned module takes the Triton kernel on this tiny input.
+        def run():
+            saved = _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
+            _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 0
+            try:
+                fn()
+            finally:
+                _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = saved
+        return run
+
+    with_grad = {
+        "triton_kernels_rms_norm": lambda: _triton_kernels.rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False),
+        "triton_kernels_rms_norm_python_autograd": python_autograd(
+            lambda: _triton_kernels.rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False)),
+        "kernelized_module_triton": triton_always(lambda: training_module(xg)),
+    }
+    if cpp is not None:
+        extension, plan, grid_cpp, programs, rows_per_program = cpp
+        with_grad["cpp_extension_call"] = lambda: extension.rms_norm(xg, wg, 1e-6, 0.0, plan, grid_cpp, programs,
+                                                                     rows_per_program)
+    results["forward_with_grad"] = {}
+    for name, fn in with_grad.items():
+        results["forward_with_grad"][name] = per_call_us(fn, calls=500)
+        print(f"fwd with grad {name:>40}: {results['forward_with_grad'][name]:6.1f} us", flush=True)
+
     backward = {
         "f_rms_norm": grad_of(lambda a, b: F.rms_norm(a, (args.cols,), b, 1e-6), (xg, wg)),
         "triton_kernels_rms_norm": grad_of(
             lambda a, b: _triton_kernels.rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg)),
+        "triton_kernels_rms_norm_python_autograd": python_autograd(grad_of(
+            lambda a, b: _triton_kernels.rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg))),
+        "kernelized_module_triton": triton_always(grad_of(lambda a: training_module(a), (xg,))),
+        "kernelized_module_triton_python_autograd": python_autograd(triton_always(grad_of(
+            lambda a: training_module(a), (xg,)))),
         "triton_forward_with_rstd_only": lambda: _triton_kernels.rms_norm_forward(x, w, 1e-6, 0.0, False,
                                                                                   store_rstd=True),
         "triton_backward_direct": lambda: _triton_kernels.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False,
@@ -194,6 +250,12 @@ def main() -> None:
         results["forward_backward"][key] = per_call_us(backward[name], calls=500)
         print(f"bwd  {key:>26}: {results['forward_backward'][key]:6.1f} us", flush=True)
     sys.setswitchinterval(interval)
+    if cpp is not None:
+        results["forward_backward"]["cpp_extension_call"] = per_call_us(grad_of(
+            lambda a, b: extension.rms_norm(a, b, 1e-6, 0.0, plan, grid_cpp, programs, rows_per_program), (xg, wg)),
+            calls=500)
+        print(f"bwd  {'cpp_extension_call':>26}: {results['forward_backward']['cpp_extension_call']:6.1f} us",
+              flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile
@@ -210,6 +272,7 @@ def main() -> None:
         "input": {"shape": [args.rows, args.cols], "dtype": "bfloat16"},
         "what": "mean host microseconds per call, back to back, tiny input (host-bound)",
         "kernelized_module_kernel": [str(entry) for entry in getattr(report, "entries", [])][:1],
+        "cpp_autograd": _cpp_extension.status(),
         "results_us": results,
     }
     write_json(args.out, payload)

@@ -15,9 +15,10 @@ with the size thresholds at zero, so every call takes the Triton kernel; or the 
 backward in one ``torch.autograd.grad`` and reports the time per layer: what a layer costs inside a model's step,
 every host cost on its path included except the single ``autograd.grad`` entry a step pays once. Each layer moves
 five tensors of the input's size (forward: read, write; backward: read input and gradient, write gradient), so its
-fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``chain_*_gpu_per_layer_us``
-replays the same chain as a CUDA graph: the GPU time alone, against which the gap to the chain as called is the
-host's share.
+fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``module_triton_python_autograd``
+is ``module_triton`` with kernels-triton's C++ autograd extension switched off (the Python ``autograd.Function``
+path), side by side in the same run. ``chain_*_gpu_per_layer_us`` replays the same chain as a CUDA graph: the
+GPU time alone, against which the gap to the chain as called is the host's share.
 
     python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
 """
@@ -36,8 +37,10 @@ from _common import environment
 from _common import gpu_us
 from _common import write_json
 from kernels_cuda import _ops
+from kernels_triton import _cpp_extension
 from kernels_triton import _rms_norm
 from kernels_triton import _triton
+from kernels_triton import _triton_kernels
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 
@@ -86,6 +89,17 @@ def _with_triton_always(module: torch.nn.Module, t: torch.Tensor) -> torch.Tenso
         _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = saved
 
 
+def _with_python_autograd(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """:func:`_with_triton_always` with kernels-triton's C++ autograd path switched off: the Python
+    ``autograd.Function`` it replaces, timed in the same run."""
+    saved = _triton_kernels._cpp_norm_call
+    _triton_kernels._cpp_norm_call = lambda *args: None
+    try:
+        return _with_triton_always(module, t)
+    finally:
+        _triton_kernels._cpp_norm_call = saved
+
+
 def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
     for weight in weights:
         t = norm(t, weight)
@@ -98,6 +112,9 @@ def main() -> None:
     parser.add_argument("--shapes", help="only these shapes, e.g. 8192x1024,16384x1024 (default: the full sweep)")
     args = parser.parse_args()
     dtype = torch.bfloat16
+    # The norms' C++ autograd extension builds in the background on first use: wait, so every row times it.
+    cpp_autograd = _cpp_extension.extension(wait=True) is not None
+    print("C++ autograd extension:", _cpp_extension.status(), _cpp_extension.failure() or "", flush=True)
     # Copy bandwidth: bytes read + written by a large device-to-device copy.
     big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(big)
@@ -165,6 +182,9 @@ def main() -> None:
                 t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
             # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
             "module_triton": lambda t, chain_module=chain_module: _with_triton_always(chain_module, t),
+            # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
+            "module_triton_python_autograd": lambda t, chain_module=chain_module: _with_python_autograd(
+                chain_module, t),
         }
         xg = x.detach().requires_grad_(True)
         dy = torch.randn_like(x)
@@ -207,6 +227,7 @@ def main() -> None:
         "copy_bandwidth_GBps": copy_bw,
         "tuned_triton_min_elements": _ops.TRITON_RMS_NORM_MIN_ELEMENTS,
         "tuned_triton_min_elements_with_grad": _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD,
+        "cpp_autograd": cpp_autograd,
         "host_us_per_call": host,
         "rows": rows,
     }

@@ -23,10 +23,13 @@ import logging
 import operator
 import os
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import triton
 import triton.language as tl
+
+from . import _cpp_extension
 
 
 __all__ = ["add_rms_norm_backward", "add_rms_norm_forward", "gated_activation", "gated_backward",
@@ -146,14 +149,20 @@ class _Compiled:
         self.metadata = compiled.packed_metadata  # type: ignore[attr-defined]
 
     def launch(self, grid: int, device: int, args: tuple) -> None:
-        if _RUNTIME is not None:
-            # Each hook is a chain of callables (Triton 3.5+), a callable or None: no hook when all are empty.
-            enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook  # type: ignore[attr-defined]
-            if not getattr(enter, "calls", enter) and not getattr(leave, "calls", leave):
-                self.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), self.function, self.metadata,
-                         None, None, None, *args)
-                return
+        if not launch_hooks_registered():
+            self.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), self.function, self.metadata,
+                     None, None, None, *args)
+            return
         self.compiled[(grid, 1, 1)](*args)  # type: ignore[index]
+
+
+def launch_hooks_registered() -> bool:
+    """Whether a Triton launch hook (a profiler) is registered: launches must then take Triton's own path."""
+    if _RUNTIME is None:
+        return True  # a Triton without the runtime knobs: no way to tell, so assume hooks
+    # Each hook is a chain of callables (Triton 3.5+), a callable or None: no hook when all are empty.
+    enter, leave = _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook  # type: ignore[attr-defined]
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
 
 
 def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
@@ -285,6 +294,10 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     """
     x = hidden_states.contiguous()  # the tensor itself when it already is
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
+        cpp = _cpp_norm_call(False, x, weight, float(offset), gemma)
+        if cpp is not None:
+            extension, plan, grid, programs, rows_per_program = cpp
+            return extension.rms_norm(x, weight, float(eps), float(offset), plan, grid, programs, rows_per_program)
         return _RMSNorm.apply(x, weight, float(eps), float(offset), gemma)
     return rms_norm_forward(x, weight, float(eps), float(offset), gemma, store_rstd=False)[0]
 
@@ -492,9 +505,113 @@ def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weigh
     """
     x, r = hidden_states.contiguous(), residual.contiguous()
     if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
+        cpp = _cpp_norm_call(True, x, weight, float(offset), gemma, r)
+        if cpp is not None:
+            extension, plan, grid, programs, rows_per_program = cpp
+            y, s = extension.residual_rms_norm(x, r, weight, float(eps), float(offset), plan, grid, programs,
+                                              rows_per_program)
+            return y, s
         return _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
     y, s, _ = add_rms_norm_forward(x, r, weight, float(eps), float(offset), gemma, store_rstd=False)
     return y, s
+
+
+# ------------------------------------------------------------------------ C++ autograd nodes for the norms
+# With autograd, the two norms above run as C++ autograd functions (``_autograd_ext.cpp``) once the extension is
+# built (:mod:`kernels_triton._cpp_extension`): the same compiled kernels and launch shapes, minus the Python
+# autograd node whose backward costs more host time than a mid-size layer's GPU time.
+
+_NORM_PLANS: dict[tuple, object | None] = {}
+
+
+def _cpp_kernel(extension: ModuleType, kernel: triton.runtime.JITFunction, args: tuple,
+                num_warps: int) -> object | None:
+    """``kernel`` compiled for ``args`` (dtypes stand for 16-byte aligned tensors) and loaded on the current
+    device, as the extension's ``Kernel``; None if its launch is not one the extension reproduces."""
+    compiled = kernel.warmup(*args, grid=(1,), num_warps=num_warps)
+    letters = _cpp_extension.arg_types(compiled)
+    if letters is None:
+        return None
+    compiled.run  # noqa: B018 - loads the binary on the current device and sets compiled.function
+    metadata = compiled.metadata
+    return extension.Kernel(function=compiled.function, threads=metadata.num_warps * metadata.target.warp_size,
+                            shared_bytes=metadata.shared, arg_types=letters)
+
+
+def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, weight_dtype: torch.dtype,
+                     n_cols: int, gemma: bool, has_offset: bool, device: int) -> object | None:
+    """The compiled kernels of one norm variant as the extension's ``NormPlan``; None if one cannot be used.
+
+    The arguments mirror the Python path's launches (:func:`rms_norm_forward`, :func:`add_rms_norm_forward`,
+    :func:`add_rms_norm_backward`, :func:`sum_partial_rows`), with row counts below 2**31 (32-bit integers).
+    """
+    f32 = torch.float32
+    element_size = torch.empty((), dtype=dtype).element_size()
+    block_m, block_n, num_warps = _norm_tiling(n_cols, element_size)
+    if residual:
+        forward = (_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, f32))
+    else:
+        forward = (_rms_norm_fwd_kernel, (dtype, weight_dtype, dtype, f32))
+    scalars = (2, 1e-6, 0.5, n_cols, gemma, has_offset, True, block_m, block_n)
+    kernels = {"forward": _cpp_kernel(extension, forward[0], forward[1] + scalars, num_warps)}
+    bwd_m, bwd_n, bwd_warps, _, _, stages = _norm_backward_tiling(1, n_cols, element_size, device)
+    for name, has_ds in (("backward", False), ("backward_with_sum", True)):
+        if has_ds and not residual:
+            continue
+        args = (dtype, dtype, dtype, weight_dtype, f32, dtype, f32, 2, 0.5, 2, n_cols, gemma, has_offset, has_ds,
+                bwd_m, bwd_n, stages)
+        kernels[name] = _cpp_kernel(extension, _add_rms_norm_bwd_kernel, args, bwd_warps)
+    kernels["sum_partials"] = _cpp_kernel(extension, _sum_partials_kernel,
+                                          (f32, weight_dtype, 2, n_cols, _SUM_BLOCK_P, _SUM_BLOCK_C), 4)
+    if any(kernel is None for kernel in kernels.values()):
+        logger.info("kernels-triton: a norm kernel's launch is not one the C++ autograd extension reproduces; "
+                    "Python autograd for %s", kernels)
+        return None
+    plan = extension.NormPlan()
+    for name, kernel in kernels.items():
+        setattr(plan, name, kernel)
+    plan.sum_block_columns = _SUM_BLOCK_C
+    return plan
+
+
+def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool,
+                   *others: torch.Tensor) -> tuple | None:
+    """(extension, plan, forward grid, backward programs, rows per program) for a C++ autograd call of the norm
+    on contiguous ``x`` (``others``: the residual), or None: the Python autograd path then runs.
+
+    None while the extension builds or where it cannot be used, with a launch hook registered (a profiler sees
+    every launch on the Python path), for tensors off the 16-byte alignment the kernels were compiled for, and
+    for 2**31 rows or more.
+    """
+    if not x.is_cuda:
+        return None
+    extension = _cpp_extension.extension()
+    if extension is None or launch_hooks_registered():
+        return None
+    if x.data_ptr() % 16 or weight.data_ptr() % 16 or any(t.data_ptr() % 16 for t in others):
+        return None
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    if n_rows >= 2**31:
+        return None
+    device = x.get_device()
+    key = (residual, x.dtype, weight.dtype, n_cols, gemma, offset != 0.0, device)
+    try:
+        plan = _NORM_PLANS[key]
+    except KeyError:
+        try:
+            plan = _build_norm_plan(extension, residual, x.dtype, weight.dtype, n_cols, gemma, offset != 0.0, device)
+        except Exception:  # noqa: BLE001 - an unexpected Triton API: the Python path always works
+            logger.warning("kernels-triton: cannot prepare the C++ autograd path for %s; Python autograd instead",
+                           key, exc_info=True)
+            plan = None
+        _NORM_PLANS[key] = plan
+    if plan is None:
+        return None
+    element_size = x.element_size()
+    forward_rows = _norm_tiling(n_cols, element_size)[0]
+    _, _, _, programs, rows_per_program, _ = _norm_backward_tiling(n_rows, n_cols, element_size, device)
+    return extension, plan, _cdiv(n_rows, forward_rows), programs, rows_per_program
 
 
 # --------------------------------------------------------------------------------------------------- RoPE

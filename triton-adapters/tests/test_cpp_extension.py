@@ -1,0 +1,224 @@
+"""The C++ autograd extension for the norms (``kernels_triton._cpp_extension``, ``_autograd_ext.cpp``).
+
+Anywhere: which compiled Triton kernels it accepts (their launcher ABI), when it switches itself off, and that its
+source builds against the installed torch (where a C++ compiler and ninja exist). On a GPU: the C++ autograd
+path gives bit-identical outputs and gradients to the Python autograd path it replaces (the same compiled kernels
+and launch shapes), for every dtype, odd shapes, the Llama/Gemma/offset variants and the residual variant with
+and without the sum's gradient; and it steps aside where it must (launch hooks, misaligned inputs).
+"""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import DTYPES
+from conftest import requires_cuda
+
+
+triton = pytest.importorskip("triton", reason="the extension launches this package's Triton kernels")
+
+from kernels_triton import _cpp_extension  # noqa: E402 - after the skip
+
+
+def _compiled(signature, **metadata):
+    defaults = {"num_ctas": 1, "global_scratch_size": 0, "profile_scratch_size": 0,
+                "launch_cooperative_grid": False, "launch_pdl": False}
+    return SimpleNamespace(src=SimpleNamespace(signature=signature),
+                           metadata=SimpleNamespace(**{**defaults, **metadata}))
+
+
+def test_arg_types_letters_follow_the_launcher_abi():
+    signature = {"X": "*bf16", "W": "*fp32", "n": "i32", "big": "i64", "eps": "fp32", "BLOCK": "constexpr"}
+    assert _cpp_extension.arg_types(_compiled(signature)) == "ppilf"
+
+
+@pytest.mark.parametrize(("signature", "metadata"), [
+    ({"X": "*bf16"}, {"num_ctas": 2}),
+    ({"X": "*bf16"}, {"global_scratch_size": 128}),
+    ({"X": "*bf16"}, {"profile_scratch_size": 64}),
+    ({"X": "*bf16"}, {"launch_cooperative_grid": True}),
+    ({"X": "*bf16"}, {"launch_pdl": True}),
+    ({"X": "*bf16", "h": "fp16"}, {}),
+    ({"X": "*bf16", "d": "nvTmaDesc"}, {}),
+    ({"X": ("*bf16", "*bf16")}, {}),
+], ids=["cluster", "global_scratch", "profile_scratch", "cooperative", "pdl", "fp16_scalar", "tma", "tuple"])
+def test_arg_types_refuses_launches_the_extension_does_not_reproduce(signature, metadata):
+    assert _cpp_extension.arg_types(_compiled(signature, **metadata)) is None
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """The module's build state as in a new process."""
+    for name, value in (("_thread", None), ("_module", None), ("_failure", None)):
+        monkeypatch.setattr(_cpp_extension, name, value)
+    return _cpp_extension
+
+
+def test_switch_off_by_environment(fresh_state, monkeypatch):
+    monkeypatch.setenv(_cpp_extension.ENV_SWITCH, "0")
+    assert fresh_state.extension(wait=True) is None
+    assert fresh_state.status() == "disabled"
+    assert fresh_state.failure() == f"disabled: {_cpp_extension.ENV_SWITCH}=0"
+
+
+def test_never_used_with_a_rocm_torch(fresh_state, monkeypatch):
+    monkeypatch.delenv(_cpp_extension.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert fresh_state.extension(wait=True) is None
+    assert "ROCm" in fresh_state.failure()
+
+
+def test_a_failed_build_leaves_the_python_path_and_says_why(fresh_state, monkeypatch, caplog):
+    monkeypatch.delenv(_cpp_extension.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0", raising=False)
+
+    def broken():
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr(fresh_state, "load_extension", broken)
+    with caplog.at_level("WARNING", logger=_cpp_extension.__name__):
+        assert fresh_state.extension(wait=True) is None
+    assert fresh_state.status() == "failed"
+    assert "OSError: no C++ compiler" in fresh_state.failure()
+    assert "could not be built (OSError: no C++ compiler)" in caplog.text
+
+
+def _can_build() -> str | None:
+    if shutil.which("ninja") is None:
+        return "ninja is not on PATH (kernels-cuda depends on the ninja package)"
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "no C++ compiler on this machine"
+    return None
+
+
+@pytest.mark.skipif(_can_build() is not None, reason=f"cannot build C++ extensions here: {_can_build()}")
+def test_source_builds_against_this_torch_and_validates_argument_letters():
+    # About a minute on a CPU-only CI machine: the source must compile against the torch CI installs, even though
+    # only a GPU can run it.
+    module = _cpp_extension.load_extension()
+    kernel = module.Kernel(function=1, threads=128, shared_bytes=0, arg_types="pplif")
+    plan = module.NormPlan()
+    plan.forward = kernel
+    assert plan.forward.arg_types == "pplif"
+    with pytest.raises(RuntimeError, match=r"unknown argument type 'x'; allowed: p, i, l, f"):
+        module.Kernel(function=1, threads=128, shared_bytes=0, arg_types="px")
+    with pytest.raises(RuntimeError, match="null kernel function"):
+        module.Kernel(function=0, threads=128, shared_bytes=0, arg_types="p")
+
+
+# ------------------------------------------------------------------------------------------- on a GPU
+
+
+@pytest.fixture
+def cpp_ready():
+    extension = _cpp_extension.extension(wait=True)
+    if extension is None:
+        pytest.fail(f"the extension should build on a GPU machine: {_cpp_extension.failure()}")
+    from kernels_triton import _triton_kernels
+
+    return _triton_kernels
+
+
+def _python_path(monkeypatch, triton_kernels):
+    monkeypatch.setattr(triton_kernels, "_cpp_norm_call", lambda *args, **kwargs: None)
+
+
+def _run(fn, inputs, grads):
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    outputs = fn(*leaves)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    torch.autograd.backward([o for o, g in zip(outputs, grads, strict=True) if g is not None],
+                            [g for g in grads if g is not None])
+    return outputs, [leaf.grad for leaf in leaves]
+
+
+def _assert_identical(cpp, python, what):
+    for index, (a, b) in enumerate(zip(cpp, python, strict=True)):
+        if a is None or b is None:
+            assert a is None and b is None, f"{what}[{index}]: one path has no value"
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}[{index}]: {a.dtype}{tuple(a.shape)}"
+        assert torch.equal(a, b), f"{what}[{index}]: max difference {(a.float() - b.float()).abs().max().item()}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 37, 1000), (257, 4096), (5, 128), (1, 7)], ids=str)
+@pytest.mark.parametrize(("offset", "gemma"), [(0.0, False), (1.0, True), (1.0, False)],
+                         ids=["llama", "gemma", "llama_offset"])
+def test_rms_norm_cpp_path_is_bit_identical_to_python_path(cpp_ready, monkeypatch, dtype, shape, offset, gemma):
+    triton_kernels = cpp_ready
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+    w = torch.randn(shape[-1], device="cuda", dtype=dtype) * 0.2 + 1
+    dy = torch.randn(shape, device="cuda", dtype=dtype)
+
+    def norm(x, w):
+        return triton_kernels.rms_norm(x, w, eps=1e-6, offset=offset, gemma=gemma)
+
+    cpp_out, cpp_grads = _run(norm, (x, w), (dy,))
+    assert "RMSNormFunction" in cpp_out[0].grad_fn.name(), cpp_out[0].grad_fn.name()
+    _python_path(monkeypatch, triton_kernels)
+    python_out, python_grads = _run(norm, (x, w), (dy,))
+    assert "RMSNormFunction" not in python_out[0].grad_fn.name()
+    _assert_identical(cpp_out, python_out, "output")
+    _assert_identical(cpp_grads, python_grads, "gradients (x, weight)")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("grads", ["both", "normed_only", "sum_only"])
+def test_residual_rms_norm_cpp_path_is_bit_identical_to_python_path(cpp_ready, monkeypatch, dtype, grads):
+    triton_kernels = cpp_ready
+    shape = (3, 41, 1000)
+    x, r = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(2))
+    w = torch.randn(1000, device="cuda", dtype=dtype) * 0.2 + 1
+    dy, ds = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(2))
+    upstream = {"both": (dy, ds), "normed_only": (dy, None), "sum_only": (None, ds)}[grads]
+
+    def norm(x, r, w):
+        return triton_kernels.residual_rms_norm(x, r, w, eps=1e-6, offset=0.0, gemma=False)
+
+    cpp_out, cpp_grads = _run(norm, (x, r, w), upstream)
+    assert "ResidualRMSNormFunction" in cpp_out[0].grad_fn.name()
+    _python_path(monkeypatch, triton_kernels)
+    python_out, python_grads = _run(norm, (x, r, w), upstream)
+    _assert_identical(cpp_out, python_out, "outputs (normed, sum)")
+    _assert_identical(cpp_grads, python_grads, "gradients (x, residual, weight)")
+    if grads == "sum_only":
+        assert torch.equal(cpp_grads[0], ds) and cpp_grads[2] is None
+
+
+@requires_cuda
+def test_cpp_path_copies_a_misaligned_upstream_gradient(cpp_ready):
+    # The backward kernel was compiled for 16-byte aligned gradients; a gradient that is an offset view of a
+    # larger buffer must still give the right answer (the C++ backward copies it).
+    triton_kernels = cpp_ready
+    x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    buffer = torch.randn(6 * 512 + 1, device="cuda", dtype=torch.bfloat16)
+    dy = buffer[1:].view(6, 512)
+    assert dy.data_ptr() % 16 != 0
+    y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+    assert "RMSNormFunction" in y.grad_fn.name()
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_(True)
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+    torch.testing.assert_close(x.grad.double(), dx64, rtol=1.6e-2, atol=1.6e-2)
+
+
+@requires_cuda
+def test_cpp_path_steps_aside_for_launch_hooks_and_misaligned_inputs(cpp_ready, monkeypatch):
+    triton_kernels = cpp_ready
+    w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    misaligned = torch.randn(6 * 512 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(6, 512)
+    y = triton_kernels.rms_norm(misaligned.requires_grad_(True), w, eps=1e-6, offset=0.0, gemma=False)
+    assert "RMSNormFunction" not in y.grad_fn.name(), "a misaligned input must take the Python path"
+    monkeypatch.setattr(triton_kernels, "launch_hooks_registered", lambda: True)
+    x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+    assert "RMSNormFunction" not in y.grad_fn.name(), "a registered launch hook must see every launch"
