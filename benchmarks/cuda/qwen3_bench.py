@@ -6,9 +6,10 @@ kernelize + torch.compile, each variant in a fresh process (Liger's patching is 
 For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
 RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only; ``+native_residual``: for the fused residual
 add + RMSNorm), ``+triton_norm`` takes the Triton kernels for both norm kinds at every size (the tuned kernels
-pick by measured size thresholds), ``+no_residual`` disables the residual_rms_norm kind (each norm on its own, as
-before it existed), ``+chunkN`` runs Liger's fused loss with token chunks of about N rows; e.g.
-``kernelize_compile+native+chunk128``.
+pick by measured size thresholds), ``+python_autograd`` runs kernels-triton's norms through their Python
+``autograd.Function`` instead of the C++ autograd extension, ``+no_residual`` disables the residual_rms_norm kind
+(each norm on its own, as before it existed), ``+chunkN`` runs Liger's fused loss with token chunks of about N rows;
+e.g. ``kernelize_compile+native+chunk128``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         elif modifier == "triton_norm":
             for kind in ("rms_norm", "residual_rms_norm"):
                 kinds[kind] = {"prefer": {"cuda": [f"cuda.{kind}.triton"]}}
+        elif modifier == "python_autograd":
+            # kernels-triton's norms with their Python autograd.Function instead of the C++ extension (A/B).
+            os.environ["KERNELS_TRITON_CPP_AUTOGRAD"] = "0"
         elif modifier == "no_residual":
             kinds["residual_rms_norm"] = {"enabled": False}
         elif modifier.startswith("chunk"):
@@ -92,7 +96,7 @@ def _kernelize_config(modifiers: list[str]) -> dict:
             _loss._chunk_mem_const = functools.partial(_as_compiled, _loss._chunk_mem_const)
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm, "
-                             "native_residual, triton_norm, no_residual or chunk<N>")
+                             "native_residual, triton_norm, python_autograd, no_residual or chunk<N>")
     return {"kinds": kinds}
 
 
@@ -110,11 +114,16 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
         if variant.endswith("compile"):
             mode |= kernels_core.Mode.TORCH_COMPILE
         kernels_core.kernelize(model, mode=mode, config=_kernelize_config(modifiers))
+        from kernels_triton import _cpp_extension
+
+        # The norms' C++ autograd extension builds in the background on first use: time the steady state.
+        _cpp_extension.extension(wait=True)
+        how = f"C++ autograd extension: {_cpp_extension.status()}. "
         report = kernels_core.get_report(model)
         if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
             # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
             raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
-        how = report.summary()
+        how += report.summary()
     if variant.endswith("compile"):
         return torch.compile(model), how
     return model, how

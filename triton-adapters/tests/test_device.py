@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kernels_triton import _device
+from kernels_triton._device import eager_device_context
 from kernels_triton._device import on_device_of
 
 
@@ -22,8 +24,10 @@ def _on(device: str) -> SimpleNamespace:
 def gpus(monkeypatch):
     def set_count(count: int) -> None:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        _device._several_gpus.cache_clear()  # the device count is read once per process
 
-    return set_count
+    yield set_count
+    _device._several_gpus.cache_clear()
 
 
 def test_with_several_gpus_the_inputs_device_becomes_current(gpus):
@@ -44,3 +48,10 @@ def test_while_dynamo_traces_the_custom_ops_switch_at_run_time_instead(gpus, mon
     gpus(2)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert isinstance(on_device_of(_on("cuda:1")), contextlib.nullcontext)
+
+
+@pytest.mark.parametrize(("count", "switches"), [(1, False), (2, True)])
+def test_the_eager_context_skips_only_the_tracing_check(gpus, count, switches):
+    gpus(count)
+    context = eager_device_context(_on("cuda:1"))
+    assert isinstance(context, torch.cuda.device if switches else contextlib.nullcontext)

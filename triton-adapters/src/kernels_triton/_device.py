@@ -9,6 +9,7 @@ package enters :func:`on_device_of` around its launches so that this cannot happ
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 from ._compile import tracing
@@ -17,7 +18,7 @@ from ._compile import tracing
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["on_device_of"]
+__all__ = ["eager_device_context", "on_device_of"]
 
 
 _NOTHING_TO_SWITCH = contextlib.nullcontext()
@@ -34,13 +35,31 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None
         >>> with on_device_of(torch.zeros(1)):  # CPU tensors: nothing to switch
         ...     pass
     """
-    device = tensor.device
-    if device.type != "cuda":
-        return _NOTHING_TO_SWITCH
-    import torch
-
     # While Dynamo traces, the kernels are custom ops that enter this context themselves when they run; and
     # device_count() there would break the graph (Dynamo does not trace calls returning plain ints).
-    if tracing() or torch.cuda.device_count() < 2:
-        return _NOTHING_TO_SWITCH
-    return torch.cuda.device(device)
+    if tensor.device.type == "cuda" and not tracing():
+        return eager_device_context(tensor)
+    return _NOTHING_TO_SWITCH
+
+
+def eager_device_context(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+    """:func:`on_device_of` for callers that already know they run eagerly (not under Dynamo), on a GPU tensor.
+
+    Example:
+        >>> import torch
+        >>> with eager_device_context(torch.zeros(1)):  # one device or none: nothing to switch
+        ...     pass
+    """
+    if _several_gpus():
+        import torch
+
+        return torch.cuda.device(tensor.device)
+    return _NOTHING_TO_SWITCH
+
+
+@functools.cache
+def _several_gpus() -> bool:
+    # The visible devices are fixed for the process once CUDA is initialised; asked on every kernel call.
+    import torch
+
+    return torch.cuda.device_count() > 1

@@ -19,6 +19,7 @@ from . import _native
 from . import _triton_kernels
 from ._compile import inference_trace
 from ._compile import tracing
+from ._device import eager_device_context
 from ._device import on_device_of
 
 
@@ -69,10 +70,15 @@ def rms_norm(
         >>> rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([4, 64])
     """
-    if not rms_norm_supported(hidden_states, weight, casting=casting) or inference_trace(hidden_states, weight):
+    if not rms_norm_supported(hidden_states, weight, casting=casting):
         return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
-    with on_device_of(hidden_states):
+    if tracing():
+        if inference_trace(hidden_states, weight):
+            return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
         return _kernels().rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
+    # Eagerly, once per layer per step: one tracing check on this path (the supported case is a GPU tensor).
+    with eager_device_context(hidden_states):
+        return _triton_kernels.rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
 
 
 def residual_rms_norm_supported(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *,
@@ -111,12 +117,17 @@ def residual_rms_norm(
         >>> torch.equal(new_residual, residual + x)
         True
     """
-    if (not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting)
-            or inference_trace(hidden_states, residual, weight)):
+    if not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting):
         return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
-    with on_device_of(hidden_states):
+    if tracing():
+        if inference_trace(hidden_states, residual, weight):
+            return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                             casting=casting)
         return _kernels().residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
                                             gemma=casting == "gemma")
+    with eager_device_context(hidden_states):
+        return _triton_kernels.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                                 gemma=casting == "gemma")
 
 
 def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:

@@ -574,41 +574,58 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
     return plan
 
 
-def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool,
-                   *others: torch.Tensor) -> tuple | None:
-    """(extension, plan, forward grid, backward programs, rows per program) for a C++ autograd call of the norm
-    on contiguous ``x`` (``others``: the residual), or None: the Python autograd path then runs.
+# Per input signature: (extension, plan, forward grid, backward programs, rows per program), or False where the
+# C++ path cannot be used. Bounded: row counts vary with batch and sequence length.
+_CPP_CALLS: dict[tuple, tuple | bool] = {}
+_CPP_CALLS_MAX = 4096
 
-    None while the extension builds or where it cannot be used, with a launch hook registered (a profiler sees
-    every launch on the Python path), for tensors off the 16-byte alignment the kernels were compiled for, and
-    for 2**31 rows or more.
+
+def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool,
+                   other: torch.Tensor | None = None) -> tuple | None:
+    """(extension, plan, forward grid, backward programs, rows per program) for a C++ autograd call of the norm
+    on contiguous ``x`` (``other``: the residual), or None: the Python autograd path then runs.
+
+    None for CPU tensors, while the extension builds or where it cannot be used, with a launch hook registered (a
+    profiler sees every launch on the Python path), for tensors off the 16-byte alignment the kernels were
+    compiled for, and for 2**31 rows or more. Runs once per layer per step: everything that depends only on the
+    shapes and dtypes is looked up in one dictionary.
     """
     if not x.is_cuda:
         return None
     extension = _cpp_extension.extension()
     if extension is None or launch_hooks_registered():
         return None
-    if x.data_ptr() % 16 or weight.data_ptr() % 16 or any(t.data_ptr() % 16 for t in others):
+    if x.data_ptr() % 16 or weight.data_ptr() % 16 or (other is not None and other.data_ptr() % 16):
         return None
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols
+    key = (residual, x.shape, x.dtype, weight.dtype, gemma, offset != 0.0, x.get_device())
+    call = _CPP_CALLS.get(key)
+    if call is None:
+        if len(_CPP_CALLS) >= _CPP_CALLS_MAX:
+            _CPP_CALLS.clear()
+        call = _CPP_CALLS[key] = _prepare_cpp_call(extension, *key)
+    return call or None
+
+
+def _prepare_cpp_call(extension: ModuleType, residual: bool, shape: torch.Size, dtype: torch.dtype,
+                      weight_dtype: torch.dtype, gemma: bool, has_offset: bool, device: int) -> tuple | bool:
+    n_cols = shape[-1]
+    n_rows = shape.numel() // n_cols
     if n_rows >= 2**31:
-        return None
-    device = x.get_device()
-    key = (residual, x.dtype, weight.dtype, n_cols, gemma, offset != 0.0, device)
+        return False
+    plan_key = (residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
     try:
-        plan = _NORM_PLANS[key]
+        plan = _NORM_PLANS[plan_key]
     except KeyError:
         try:
-            plan = _build_norm_plan(extension, residual, x.dtype, weight.dtype, n_cols, gemma, offset != 0.0, device)
+            plan = _build_norm_plan(extension, residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
         except Exception:  # noqa: BLE001 - an unexpected Triton API: the Python path always works
             logger.warning("kernels-triton: cannot prepare the C++ autograd path for %s; Python autograd instead",
-                           key, exc_info=True)
+                           plan_key, exc_info=True)
             plan = None
-        _NORM_PLANS[key] = plan
+        _NORM_PLANS[plan_key] = plan
     if plan is None:
-        return None
-    element_size = x.element_size()
+        return False
+    element_size = torch.empty((), dtype=dtype).element_size()
     forward_rows = _norm_tiling(n_cols, element_size)[0]
     _, _, _, programs, rows_per_program, _ = _norm_backward_tiling(n_rows, n_cols, element_size, device)
     return extension, plan, _cdiv(n_rows, forward_rows), programs, rows_per_program
