@@ -35,10 +35,11 @@ __all__ = [
 # With autograd: H200, Qwen3-0.6B-shape training step (4 x 2048 tokens, norms of 8.4M elements, q/k norms of 8.4M
 # and 16.8M), two paired runs of kernelize with these thresholds against Triton for every norm
 # (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json): 74.1k vs 76.3k and 70.8k vs 78.3k tokens/s, so from 2**23
-# elements with autograd as well. An isolated chain of 8 RMSNorms (cuda-rmsnorm-h200-session16.json), where no
-# other work hides the host, still favours F.rms_norm up to ~2**25 elements: there the Triton path costs ~130 us of
-# host time per layer (its backward is a Python autograd node) against 47 us of GPU time at 16.8M elements, while
-# F.rms_norm's GPU time is 118 us; in a model the matmuls keep the GPU busy while the host catches up.
+# elements with autograd as well. In an isolated chain of 8 RMSNorms, where no other work hides the host, the
+# Triton path took ~130 us of host time per layer while its backward was a Python autograd node
+# (cuda-rmsnorm-h200-session16.json); with kernels-triton's C++ autograd nodes it takes 72-118 us per layer at
+# 8.4M-16.8M elements against F.rms_norm's 64-122 (cuda-rmsnorm-h200-cpp-autograd*.json). In a model the matmuls
+# keep the GPU busy while the host catches up.
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
 TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 23
 # Under torch.compile the native math is traced instead, for every size: Inductor fuses it with the residual adds
