@@ -110,6 +110,39 @@ def test_source_builds_against_this_torch_and_validates_argument_letters():
         module.Kernel(function=0, threads=128, shared_bytes=0, arg_types="p")
 
 
+class _FailingExtension:
+    """An extension whose calls fail as a launch on a broken context would."""
+
+    def rms_norm(self, *args):
+        raise RuntimeError("kernels-triton autograd extension: cuLaunchKernel failed with CUresult 201")
+
+    residual_rms_norm = rms_norm
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["rms_norm", "residual_rms_norm"])
+def test_a_failing_call_falls_back_to_python_autograd_for_good(triton_kernels, fresh_state, monkeypatch, caplog,
+                                                               residual):
+    # An automatic choice: the call still returns the right result (the Python autograd path), says why once,
+    # and the extension is not used again in this process. On CPU the kernels run in Triton's interpreter.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(fresh_state, "_module", _FailingExtension())
+    monkeypatch.setattr(triton_kernels, "_cpp_norm_call",
+                        lambda *args: (fresh_state.extension(), None, 1, 1, 1) if fresh_state.extension() else None)
+    x = torch.randn(4, 64, device=device, requires_grad=True)
+    w = torch.ones(64, device=device, requires_grad=True)
+    with caplog.at_level("WARNING", logger=_cpp_extension.__name__):
+        if residual:
+            y, _ = triton_kernels.residual_rms_norm(x, torch.zeros_like(x), w, eps=1e-6, offset=0.0, gemma=False)
+        else:
+            y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+    expected = x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y.detach(), expected, rtol=1e-5, atol=1e-5)
+    assert "RMSNormBackward" in y.grad_fn.name() and "CppNode" not in y.grad_fn.name()
+    assert fresh_state.status() == "failed" and fresh_state.extension() is None
+    assert "CUresult 201" in fresh_state.failure()
+    assert "using the Python autograd path from now on" in caplog.text
+
+
 # ------------------------------------------------------------------------------------------- on a GPU
 
 

@@ -27,7 +27,7 @@ import threading
 from types import ModuleType
 
 
-__all__ = ["ENV_SWITCH", "arg_types", "extension", "failure", "load_extension", "status"]
+__all__ = ["ENV_SWITCH", "arg_types", "extension", "failure", "give_up", "load_extension", "status"]
 
 ENV_SWITCH = "KERNELS_TRITON_CPP_AUTOGRAD"
 
@@ -109,6 +109,21 @@ def extension(*, wait: bool = False) -> ModuleType | None:
     if wait:
         _thread.join()
     return _module
+
+
+def give_up(error: BaseException) -> None:
+    """Stop using the extension for the rest of the process after a call through it failed; the Python autograd
+    path runs from the next call on (the failed call falls back to it too), and one warning says why.
+
+    Example:
+        >>> give_up  # doctest: +ELLIPSIS
+        <function give_up at ...>
+    """
+    global _module, _failure
+    _failure = f"a call failed: {type(error).__name__}: {error}"
+    _module = None
+    logger.warning("kernels-triton: the C++ autograd path failed (%s); using the Python autograd path from now on",
+                   _failure.splitlines()[0])
 
 
 def status() -> str:

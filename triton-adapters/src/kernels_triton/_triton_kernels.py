@@ -297,7 +297,11 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
         cpp = _cpp_norm_call(False, x, weight, float(offset), gemma)
         if cpp is not None:
             extension, plan, grid, programs, rows_per_program = cpp
-            return extension.rms_norm(x, weight, float(eps), float(offset), plan, grid, programs, rows_per_program)
+            try:
+                return extension.rms_norm(x, weight, float(eps), float(offset), plan, grid, programs,
+                                          rows_per_program)
+            except RuntimeError as error:
+                _cpp_extension.give_up(error)
         return _RMSNorm.apply(x, weight, float(eps), float(offset), gemma)
     return rms_norm_forward(x, weight, float(eps), float(offset), gemma, store_rstd=False)[0]
 
@@ -508,9 +512,12 @@ def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weigh
         cpp = _cpp_norm_call(True, x, weight, float(offset), gemma, r)
         if cpp is not None:
             extension, plan, grid, programs, rows_per_program = cpp
-            y, s = extension.residual_rms_norm(x, r, weight, float(eps), float(offset), plan, grid, programs,
-                                              rows_per_program)
-            return y, s
+            try:
+                y, s = extension.residual_rms_norm(x, r, weight, float(eps), float(offset), plan, grid, programs,
+                                                  rows_per_program)
+                return y, s
+            except RuntimeError as error:
+                _cpp_extension.give_up(error)
         return _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
     y, s, _ = add_rms_norm_forward(x, r, weight, float(eps), float(offset), gemma, store_rstd=False)
     return y, s
@@ -546,7 +553,7 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
     :func:`add_rms_norm_backward`, :func:`sum_partial_rows`), with row counts below 2**31 (32-bit integers).
     """
     f32 = torch.float32
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     block_m, block_n, num_warps = _norm_tiling(n_cols, element_size)
     if residual:
         forward = (_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, f32))
@@ -625,7 +632,7 @@ def _prepare_cpp_call(extension: ModuleType, residual: bool, shape: torch.Size, 
         _NORM_PLANS[plan_key] = plan
     if plan is None:
         return False
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     forward_rows = _norm_tiling(n_cols, element_size)[0]
     _, _, _, programs, rows_per_program, _ = _norm_backward_tiling(n_rows, n_cols, element_size, device)
     return extension, plan, _cdiv(n_rows, forward_rows), programs, rows_per_program
