@@ -1,4 +1,4 @@
-"""Shared helpers for the CUDA benchmarks: environment record, timing."""
+"""Shared helpers for the CUDA benchmarks: environment record, timing, kernel-choice switches."""
 
 from __future__ import annotations
 
@@ -82,3 +82,34 @@ def gpu_us(fn, *, calls=10, replays=15):
             times.append(start.elapsed_time(end))
         medians.append(sorted(times)[len(times) // 2])
     return (medians[0] - medians[1]) / calls * 1e3
+
+
+def _patched(owner: object, name: str, value: object, fn):
+    """``fn`` wrapped to run with ``owner.name`` set to ``value`` (restored after each call, cheaply: the wrapper
+    sits inside timed loops)."""
+
+    def run(*args):
+        saved = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            return fn(*args)
+        finally:
+            setattr(owner, name, saved)
+
+    return run
+
+
+def triton_norms(fn):
+    """``fn`` run with kernels-cuda's with-autograd size threshold at zero: the tuned RMSNorm (and residual add +
+    RMSNorm) take the Triton kernel at every size."""
+    from kernels_cuda import _ops
+
+    return _patched(_ops, "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", 0, fn)
+
+
+def python_autograd_norms(fn):
+    """``fn`` run with kernels-triton's C++ autograd extension switched off for the norms: their Python
+    ``autograd.Function`` path, to time side by side with the C++ nodes in one run."""
+    from kernels_triton import _triton_kernels
+
+    return _patched(_triton_kernels, "_cpp_norm_call", lambda *args: None, fn)

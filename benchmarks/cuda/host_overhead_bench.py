@@ -31,6 +31,8 @@ import time
 import torch
 import torch.nn.functional as F
 from _common import environment
+from _common import python_autograd_norms
+from _common import triton_norms
 from _common import write_json
 
 
@@ -139,38 +141,16 @@ def main() -> None:
             torch.autograd.grad(fn(*inputs), inputs, dy)
         return run
 
-    def python_autograd(fn):
-        # The norms' Python autograd.Function, as before kernels-triton's C++ autograd extension.
-        def run():
-            saved = _triton_kernels._cpp_norm_call
-            _triton_kernels._cpp_norm_call = lambda *args: None
-            try:
-                fn()
-            finally:
-                _triton_kernels._cpp_norm_call = saved
-        return run
-
     cpp = _triton_kernels._cpp_norm_call(False, x, w, 0.0, False)
     training = kernels_core.kernelize(
         torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.TRAINING)
     training_module = training[0]
 
-    def triton_always(fn):
-        # kernels-cuda's size threshold at zero: the tuned module takes the Triton kernel on this tiny input.
-        def run():
-            saved = _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
-            _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 0
-            try:
-                fn()
-            finally:
-                _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = saved
-        return run
-
     with_grad = {
         "triton_kernels_rms_norm": lambda: _triton_kernels.rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False),
-        "triton_kernels_rms_norm_python_autograd": python_autograd(
+        "triton_kernels_rms_norm_python_autograd": python_autograd_norms(
             lambda: _triton_kernels.rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False)),
-        "kernelized_module_triton": triton_always(lambda: training_module(xg)),
+        "kernelized_module_triton": triton_norms(lambda: training_module(xg)),
     }
     if cpp is not None:
         extension, plan, grid_cpp, programs, rows_per_program = cpp
@@ -185,10 +165,10 @@ def main() -> None:
         "f_rms_norm": grad_of(lambda a, b: F.rms_norm(a, (args.cols,), b, 1e-6), (xg, wg)),
         "triton_kernels_rms_norm": grad_of(
             lambda a, b: _triton_kernels.rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg)),
-        "triton_kernels_rms_norm_python_autograd": python_autograd(grad_of(
+        "triton_kernels_rms_norm_python_autograd": python_autograd_norms(grad_of(
             lambda a, b: _triton_kernels.rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg))),
-        "kernelized_module_triton": triton_always(grad_of(lambda a: training_module(a), (xg,))),
-        "kernelized_module_triton_python_autograd": python_autograd(triton_always(grad_of(
+        "kernelized_module_triton": triton_norms(grad_of(lambda a: training_module(a), (xg,))),
+        "kernelized_module_triton_python_autograd": python_autograd_norms(triton_norms(grad_of(
             lambda a: training_module(a), (xg,)))),
         "triton_forward_with_rstd_only": lambda: _triton_kernels.rms_norm_forward(x, w, 1e-6, 0.0, False,
                                                                                   store_rstd=True),

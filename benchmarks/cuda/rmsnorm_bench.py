@@ -35,12 +35,13 @@ import torch.nn.functional as F
 from _common import bench
 from _common import environment
 from _common import gpu_us
+from _common import python_autograd_norms
+from _common import triton_norms
 from _common import write_json
 from kernels_cuda import _ops
 from kernels_triton import _cpp_extension
 from kernels_triton import _rms_norm
 from kernels_triton import _triton
-from kernels_triton import _triton_kernels
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 
@@ -77,27 +78,6 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
         raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
                            f"{kernels_core.get_report(norms).summary()}")
     return norms
-
-
-def _with_triton_always(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """``module(t)`` with kernels-cuda's with-autograd threshold at zero, so the tuned RMSNorm picks Triton."""
-    saved = _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
-    _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 0
-    try:
-        return module(t)
-    finally:
-        _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = saved
-
-
-def _with_python_autograd(module: torch.nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """:func:`_with_triton_always` with kernels-triton's C++ autograd path switched off: the Python
-    ``autograd.Function`` it replaces, timed in the same run."""
-    saved = _triton_kernels._cpp_norm_call
-    _triton_kernels._cpp_norm_call = lambda *args: None
-    try:
-        return _with_triton_always(module, t)
-    finally:
-        _triton_kernels._cpp_norm_call = saved
 
 
 def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
@@ -181,10 +161,9 @@ def main() -> None:
             "triton": lambda t, weights=weights: _apply_all(
                 t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
             # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
-            "module_triton": lambda t, chain_module=chain_module: _with_triton_always(chain_module, t),
+            "module_triton": triton_norms(chain_module),
             # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
-            "module_triton_python_autograd": lambda t, chain_module=chain_module: _with_python_autograd(
-                chain_module, t),
+            "module_triton_python_autograd": python_autograd_norms(triton_norms(chain_module)),
         }
         xg = x.detach().requires_grad_(True)
         dy = torch.randn_like(x)

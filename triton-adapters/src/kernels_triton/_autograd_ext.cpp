@@ -8,8 +8,9 @@
 // What this file knows about Triton is the launcher ABI shared by Triton 3.3-3.9's CUDA launcher: one parameter
 // slot per non-constexpr kernel argument (device pointers, 32/64-bit integers, float32 scalars as their bits),
 // then the global and profile scratch pointers; 32 * num_warps threads; the compiled kernel's shared memory.
-// Python (_autograd_native.py) reads each compiled kernel's signature and metadata, refuses anything else (clusters,
-// scratch, cooperative or PDL launches), and hands over the function handle with one letter per argument.
+// Python (_cpp_extension.arg_types, called from _triton_kernels._build_norm_plan) reads each compiled kernel's
+// signature and metadata, refuses anything else (clusters, scratch, cooperative or PDL launches), and hands over
+// the function handle with one letter per argument.
 //
 // No CUDA headers: the stream comes from c10's device-guard interface, cuLaunchKernel and the context calls from
 // the driver library that PyTorch has already loaded.

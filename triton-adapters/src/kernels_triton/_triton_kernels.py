@@ -294,15 +294,8 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, o
     """
     x = hidden_states.contiguous()  # the tensor itself when it already is
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
-        cpp = _cpp_norm_call(False, x, weight, float(offset), gemma)
-        if cpp is not None:
-            extension, plan, grid, programs, rows_per_program = cpp
-            try:
-                return extension.rms_norm(x, weight, float(eps), float(offset), plan, grid, programs,
-                                          rows_per_program)
-            except RuntimeError as error:
-                _cpp_extension.give_up(error)
-        return _RMSNorm.apply(x, weight, float(eps), float(offset), gemma)
+        y = _cpp_norm(x, None, weight, float(eps), float(offset), gemma)
+        return y if y is not None else _RMSNorm.apply(x, weight, float(eps), float(offset), gemma)
     return rms_norm_forward(x, weight, float(eps), float(offset), gemma, store_rstd=False)[0]
 
 
@@ -509,16 +502,8 @@ def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weigh
     """
     x, r = hidden_states.contiguous(), residual.contiguous()
     if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
-        cpp = _cpp_norm_call(True, x, weight, float(offset), gemma, r)
-        if cpp is not None:
-            extension, plan, grid, programs, rows_per_program = cpp
-            try:
-                y, s = extension.residual_rms_norm(x, r, weight, float(eps), float(offset), plan, grid, programs,
-                                                  rows_per_program)
-                return y, s
-            except RuntimeError as error:
-                _cpp_extension.give_up(error)
-        return _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
+        outputs = _cpp_norm(x, r, weight, float(eps), float(offset), gemma)
+        return outputs if outputs is not None else _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
     y, s, _ = add_rms_norm_forward(x, r, weight, float(eps), float(offset), gemma, store_rstd=False)
     return y, s
 
@@ -611,6 +596,26 @@ def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset
             _CPP_CALLS.clear()
         call = _CPP_CALLS[key] = _prepare_cpp_call(extension, *key)
     return call or None
+
+
+def _cpp_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
+              gemma: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """The RMSNorm of ``x`` (with ``residual``: of ``x + residual``, and that sum) through the C++ autograd
+    extension, or None: the caller then takes the Python autograd path. A call that fails there gives the
+    extension up for the rest of the process (:func:`kernels_triton._cpp_extension.give_up`)."""
+    call = _cpp_norm_call(residual is not None, x, weight, offset, gemma, residual)
+    if call is None:
+        return None
+    extension, plan, grid, programs, rows_per_program = call
+    try:
+        if residual is None:
+            return extension.rms_norm(x, weight, eps, offset, plan, grid, programs, rows_per_program)
+        normed, total = extension.residual_rms_norm(x, residual, weight, eps, offset, plan, grid, programs,
+                                                    rows_per_program)
+        return normed, total
+    except RuntimeError as error:
+        _cpp_extension.give_up(error)
+        return None
 
 
 def _prepare_cpp_call(extension: ModuleType, residual: bool, shape: torch.Size, dtype: torch.dtype,
