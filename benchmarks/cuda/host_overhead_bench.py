@@ -75,12 +75,81 @@ def _identity_with_backward(extra) -> type[torch.autograd.Function]:
     return _Probe
 
 
+def chain_rows(rows: int, cols: int, *, cpp: tuple | None, profile: bool) -> dict:
+    """Host microseconds per layer of a chain of ``CHAIN`` layers, each layer's output the next one's input, for
+    several layer kinds side by side: the forward with autograd recording (graph built, then dropped) and the
+    forward + backward through one ``torch.autograd.grad``, the backward's share being their difference. Native
+    ``clone`` (a node with no backward work) and ``x * weight`` (one launch forward; backward two launches and a
+    reduction, the shape of an RMSNorm backward) are what PyTorch's own C++ nodes cost on this host."""
+    from kernels_core import Mode
+    from kernels_triton import _triton_kernels
+    from rmsnorm_bench import kernelized_norms
+
+    dtype = torch.bfloat16
+    x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)
+    weights = [(1 + 0.1 * torch.randn(cols, device="cuda", dtype=dtype)).requires_grad_(True) for _ in range(CHAIN)]
+    dy = torch.randn_like(x)
+    modules = kernelized_norms(cols, dtype, mode=Mode.TRAINING, count=CHAIN)
+    kinds = {
+        "native_clone": lambda t, w: t.clone(),
+        "native_mul_weight": lambda t, w: t * w,
+        "f_rms_norm": lambda t, w: F.rms_norm(t, (cols,), w, 1e-6),
+        "triton_kernels_rms_norm": lambda t, w: _triton_kernels.rms_norm(t, w, eps=1e-6, offset=0.0, gemma=False),
+    }
+    if cpp is not None:
+        # The extension's call for this signature (the chain's weights have the same dtype as the probe's).
+        function, call = cpp
+        kinds["cpp_extension_call"] = lambda t, w: function(t, w, 1e-6, 0.0, call)
+
+    def chain_of(layer):
+        def run(t):
+            for weight in weights:
+                t = layer(t, weight)
+            return t
+        return run
+
+    chains = {name: chain_of(layer) for name, layer in kinds.items()}
+    chains["kernelized_module_triton"] = triton_norms(modules)
+    chains["kernelized_module_triton_python_autograd"] = python_autograd_norms(triton_norms(modules))
+    module_weights = [module.weight for module in modules]
+    table: dict = {}
+    for name, chain in chains.items():
+        grads_of = [x, *(module_weights if name.startswith("kernelized") else weights)]
+
+        def forward(chain=chain):
+            chain(x)
+
+        def forward_backward(chain=chain, grads_of=grads_of):
+            torch.autograd.grad(chain(x), grads_of, dy, allow_unused=True)
+
+        fwd = per_call_us(forward, calls=300) / CHAIN
+        both = per_call_us(forward_backward, calls=300) / CHAIN
+        table[name] = {"forward_with_grad": fwd, "forward_backward": both, "backward": both - fwd}
+        print(f"chain {rows}x{cols} per layer {name:>42}: fwd {fwd:6.1f} fwd+bwd {both:6.1f} "
+              f"bwd {both - fwd:6.1f} us", flush=True)
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        run = chains["kernelized_module_triton"]
+        with profiler(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                torch.autograd.grad(run(x), [x, *module_weights], dy)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+    return table
+
+
+CHAIN = 8
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--cols", type=int, default=1024)
     parser.add_argument("--profile", action="store_true", help="print a profiler table of the Triton fwd+bwd")
+    parser.add_argument("--chain-only", action="store_true", help="only the chains of layers (chain_per_layer)")
     args = parser.parse_args()
 
     import kernels_core
@@ -102,6 +171,15 @@ def main() -> None:
         torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.INFERENCE)
     report = kernels_core.get_report(kernelized)
     kernel_module = kernelized[0]
+    if args.chain_only:
+        cpp = _triton_kernels._cpp_norm_call(False, x, w, 0.0, False)
+        write_json(args.out, {"environment": environment(), "input": {"shape": [args.rows, args.cols],
+                                                                      "dtype": "bfloat16"},
+                              "what": "mean host microseconds per layer, chains of layers back to back",
+                              "cpp_autograd": _cpp_extension.status(),
+                              "results_us": {"chain_per_layer": chain_rows(args.rows, args.cols, cpp=cpp,
+                                                                           profile=args.profile)}})
+        return
 
     y = torch.empty_like(x)
     block_m, block_n, num_warps = _triton_kernels._norm_tiling(args.cols, x.element_size())
@@ -153,9 +231,8 @@ def main() -> None:
         "kernelized_module_triton": triton_norms(lambda: training_module(xg)),
     }
     if cpp is not None:
-        extension, plan, grid_cpp, programs, rows_per_program = cpp
-        with_grad["cpp_extension_call"] = lambda: extension.rms_norm(xg, wg, 1e-6, 0.0, plan, grid_cpp, programs,
-                                                                     rows_per_program)
+        function, call = cpp
+        with_grad["cpp_extension_call"] = lambda: function(xg, wg, 1e-6, 0.0, call)
     results["forward_with_grad"] = {}
     for name, fn in with_grad.items():
         results["forward_with_grad"][name] = per_call_us(fn, calls=500)
@@ -232,10 +309,11 @@ def main() -> None:
     sys.setswitchinterval(interval)
     if cpp is not None:
         results["forward_backward"]["cpp_extension_call"] = per_call_us(grad_of(
-            lambda a, b: extension.rms_norm(a, b, 1e-6, 0.0, plan, grid_cpp, programs, rows_per_program), (xg, wg)),
+            lambda a, b: function(a, b, 1e-6, 0.0, call), (xg, wg)),
             calls=500)
         print(f"bwd  {'cpp_extension_call':>26}: {results['forward_backward']['cpp_extension_call']:6.1f} us",
               flush=True)
+    results["chain_per_layer"] = chain_rows(args.rows, args.cols, cpp=cpp, profile=args.profile)
     if args.profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile

@@ -27,6 +27,9 @@ def chosen(monkeypatch):
     for module, name in ((_ops._triton, "triton"), (_ops._native, "native")):
         monkeypatch.setattr(module, "rms_norm", spy(name))
         monkeypatch.setattr(module, "residual_rms_norm", spy(name))
+    # The eager entry points kernels-cuda calls when it knows it is not traced.
+    monkeypatch.setattr(_ops._triton, "eager_rms_norm", spy("triton"))
+    monkeypatch.setattr(_ops._triton, "eager_residual_rms_norm", spy("triton"))
     return calls
 
 

@@ -23,6 +23,11 @@ triton = pytest.importorskip("triton", reason="the extension launches this packa
 from kernels_triton import _cpp_extension  # noqa: E402 - after the skip
 
 
+# The C++ extension's autograd nodes are named KernelsTritonRMSNormBackward and
+# KernelsTritonResidualRMSNormBackward; the Python path's are _RMSNormBackward and _AddRMSNormBackward.
+CPP_NODE = "KernelsTriton"
+
+
 def _compiled(signature, **metadata):
     defaults = {"num_ctas": 1, "global_scratch_size": 0, "profile_scratch_size": 0,
                 "launch_cooperative_grid": False, "launch_pdl": False}
@@ -108,6 +113,20 @@ def test_source_builds_against_this_torch_and_validates_argument_letters():
         module.Kernel(function=1, threads=128, shared_bytes=0, arg_types="px")
     with pytest.raises(RuntimeError, match="null kernel function"):
         module.Kernel(function=0, threads=128, shared_bytes=0, arg_types="p")
+    with pytest.raises(RuntimeError, match=r"15 arguments; at most 14"):
+        module.Kernel(function=1, threads=128, shared_bytes=0, arg_types="p" * 15)
+    # A NormCall (plan + launch shapes, what Python passes to every call) checks what it is given.
+    with pytest.raises(RuntimeError, match="needs a plan with its forward, backward and sum_partials kernels"):
+        module.NormCall(plan, forward_grid=1, programs=1, rows_per_program=1)
+    plan.backward = plan.sum_partials = kernel
+    plan.sum_block_columns = 64
+    with pytest.raises(RuntimeError, match="positive forward grid, program count and rows per program"):
+        module.NormCall(plan, forward_grid=1, programs=0, rows_per_program=1)
+    call = module.NormCall(plan, forward_grid=3, programs=2, rows_per_program=5)
+    assert (call.forward_grid, call.programs, call.rows_per_program) == (3, 2, 5)
+    # Inputs are checked before anything is launched.
+    with pytest.raises(RuntimeError, match="expected a contiguous CUDA input"):
+        module.rms_norm(torch.ones(2, 64), torch.ones(64), 1e-6, 0.0, call)
 
 
 class _FailingExtension:
@@ -126,8 +145,13 @@ def test_a_failing_call_falls_back_to_python_autograd_for_good(triton_kernels, f
     # and the extension is not used again in this process. On CPU the kernels run in Triton's interpreter.
     device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setattr(fresh_state, "_module", _FailingExtension())
-    monkeypatch.setattr(triton_kernels, "_cpp_norm_call",
-                        lambda *args: (fresh_state.extension(), None, 1, 1, 1) if fresh_state.extension() else None)
+    def failing_entry(residual, *args):
+        extension = fresh_state.extension()
+        if extension is None:
+            return None
+        return (extension.residual_rms_norm if residual else extension.rms_norm), None
+
+    monkeypatch.setattr(triton_kernels, "_cpp_norm_call", failing_entry)
     x = torch.randn(4, 64, device=device, requires_grad=True)
     w = torch.ones(64, device=device, requires_grad=True)
     with caplog.at_level("WARNING", logger=_cpp_extension.__name__):
@@ -137,7 +161,7 @@ def test_a_failing_call_falls_back_to_python_autograd_for_good(triton_kernels, f
             y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
     expected = x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(y.detach(), expected, rtol=1e-5, atol=1e-5)
-    assert "RMSNormBackward" in y.grad_fn.name() and "CppNode" not in y.grad_fn.name()
+    assert "RMSNormBackward" in y.grad_fn.name() and not y.grad_fn.name().startswith(CPP_NODE)
     assert fresh_state.status() == "failed" and fresh_state.extension() is None
     assert "CUresult 201" in fresh_state.failure()
     assert "using the Python autograd path from now on" in caplog.text
@@ -157,7 +181,7 @@ def cpp_ready():
 
 
 def _python_path(monkeypatch, triton_kernels):
-    monkeypatch.setattr(triton_kernels, "_cpp_norm_call", lambda *args, **kwargs: None)
+    monkeypatch.setattr(triton_kernels, "cpp_path_open", lambda *args: False)
 
 
 def _run(fn, inputs, grads):
@@ -193,10 +217,10 @@ def test_rms_norm_cpp_path_is_bit_identical_to_python_path(cpp_ready, monkeypatc
         return triton_kernels.rms_norm(x, w, eps=1e-6, offset=offset, gemma=gemma)
 
     cpp_out, cpp_grads = _run(norm, (x, w), (dy,))
-    assert "RMSNormFunction" in cpp_out[0].grad_fn.name(), cpp_out[0].grad_fn.name()
+    assert cpp_out[0].grad_fn.name() == f"{CPP_NODE}RMSNormBackward", cpp_out[0].grad_fn.name()
     _python_path(monkeypatch, triton_kernels)
     python_out, python_grads = _run(norm, (x, w), (dy,))
-    assert "RMSNormFunction" not in python_out[0].grad_fn.name()
+    assert not python_out[0].grad_fn.name().startswith(CPP_NODE)
     _assert_identical(cpp_out, python_out, "output")
     _assert_identical(cpp_grads, python_grads, "gradients (x, weight)")
 
@@ -216,7 +240,7 @@ def test_residual_rms_norm_cpp_path_is_bit_identical_to_python_path(cpp_ready, m
         return triton_kernels.residual_rms_norm(x, r, w, eps=1e-6, offset=0.0, gemma=False)
 
     cpp_out, cpp_grads = _run(norm, (x, r, w), upstream)
-    assert "ResidualRMSNormFunction" in cpp_out[0].grad_fn.name()
+    assert cpp_out[0].grad_fn.name() == f"{CPP_NODE}ResidualRMSNormBackward"
     _python_path(monkeypatch, triton_kernels)
     python_out, python_grads = _run(norm, (x, r, w), upstream)
     _assert_identical(cpp_out, python_out, "outputs (normed, sum)")
@@ -236,7 +260,7 @@ def test_cpp_path_copies_a_misaligned_upstream_gradient(cpp_ready):
     dy = buffer[1:].view(6, 512)
     assert dy.data_ptr() % 16 != 0
     y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
-    assert "RMSNormFunction" in y.grad_fn.name()
+    assert y.grad_fn.name().startswith(CPP_NODE)
     y.backward(dy)
     x64 = x.detach().double().requires_grad_(True)
     y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -250,8 +274,83 @@ def test_cpp_path_steps_aside_for_launch_hooks_and_misaligned_inputs(cpp_ready, 
     w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     misaligned = torch.randn(6 * 512 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(6, 512)
     y = triton_kernels.rms_norm(misaligned.requires_grad_(True), w, eps=1e-6, offset=0.0, gemma=False)
-    assert "RMSNormFunction" not in y.grad_fn.name(), "a misaligned input must take the Python path"
+    assert not y.grad_fn.name().startswith(CPP_NODE), "a misaligned input must take the Python path"
     monkeypatch.setattr(triton_kernels, "launch_hooks_registered", lambda: True)
     x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
-    assert "RMSNormFunction" not in y.grad_fn.name(), "a registered launch hook must see every launch"
+    assert not y.grad_fn.name().startswith(CPP_NODE), "a registered launch hook must see every launch"
+
+
+@requires_cuda
+def test_cpp_node_frees_its_saved_tensors_and_detects_in_place_changes(cpp_ready):
+    # What autograd guarantees for its own nodes holds for the C++ one: a second backward through a freed graph
+    # raises, retain_graph keeps it (same gradients again), and an input changed in place after the forward is
+    # refused at backward instead of giving wrong gradients.
+    triton_kernels = cpp_ready
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+    assert y.grad_fn.name().startswith(CPP_NODE)
+    first = torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+    second = torch.autograd.grad(y, (x, w), dy)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(y, (x, w), dy)
+    h = x.detach().clone().requires_grad_(True) * 1  # a non-leaf input that can be changed in place
+    y = triton_kernels.rms_norm(h, w, eps=1e-6, offset=0.0, gemma=False)
+    with torch.no_grad():
+        h.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(dy)
+
+
+@requires_cuda
+def test_cpp_node_computes_only_the_gradients_asked_for(cpp_ready):
+    triton_kernels = cpp_ready
+    x = torch.randn(8, 256, device="cuda", dtype=torch.float32, requires_grad=True)
+    w = torch.randn(256, device="cuda", dtype=torch.float32, requires_grad=True)
+    frozen = w.detach()
+    y = triton_kernels.rms_norm(x, frozen, eps=1e-6, offset=0.0, gemma=False)  # a frozen weight
+    assert y.grad_fn.name().startswith(CPP_NODE)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    x64 = x.detach().double().requires_grad_(True)
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * frozen.double()
+    (dx64,) = torch.autograd.grad(y64, x64, torch.ones_like(y64))
+    torch.testing.assert_close(dx.double(), dx64, rtol=1e-4, atol=1e-5)
+    y = triton_kernels.rms_norm(x.detach(), w, eps=1e-6, offset=0.0, gemma=False)  # only the weight trains
+    (dw,) = torch.autograd.grad(y, w, torch.ones_like(y))
+    assert dw.shape == w.shape and torch.isfinite(dw).all()
+
+
+@requires_cuda
+def test_kernelized_path_takes_the_cpp_node_and_keeps_the_current_device(cpp_ready):
+    # The adapters' eager fast path (kernels_triton._triton.eager_rms_norm) goes straight to the C++ node; the
+    # caller's current device is the same afterwards (the extension makes the input's device's context current
+    # only for its launch).
+    from kernels_triton import _triton
+
+    x = torch.randn(4, 9, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    before = torch.cuda.current_device()
+    for residual in (None, torch.randn_like(x)):
+        if residual is None:
+            out = _triton.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+            expected = cpp_ready.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+        else:
+            out = _triton.eager_residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")[0]
+            expected = cpp_ready.residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, gemma=False)[0]
+        assert out.grad_fn.name().startswith(CPP_NODE), out.grad_fn.name()
+        assert torch.equal(out, expected)
+        assert torch.cuda.current_device() == before
+
+
+def test_cpu_calls_never_start_the_build(fresh_state):
+    # Autograd on CPU tensors takes the native path and leaves the extension alone (no compiler run on a laptop).
+    from kernels_triton import _triton
+
+    x = torch.randn(3, 64, requires_grad=True)
+    y = _triton.eager_rms_norm(x, torch.ones(64), eps=1e-6, offset=0.0, casting="llama")
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y, expected)
+    assert fresh_state.status() == "not started"

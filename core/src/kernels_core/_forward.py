@@ -161,7 +161,9 @@ class _LazyForward:
         return self._fn if self._fn is not None else _built(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._callable()(*args, **kwargs)
+        # Once per kernelized module per step: one frame less than going through _callable().
+        fn = self._fn
+        return (fn if fn is not None else _built(self))(*args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

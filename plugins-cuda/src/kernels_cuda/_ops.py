@@ -10,15 +10,11 @@ imports Triton, so a host without it falls back at kernel load time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import torch
 from kernels_triton import _native
 from kernels_triton import _triton
 from kernels_triton._compile import tracing
 
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "TRITON_RMS_NORM_MIN_ELEMENTS",
@@ -48,11 +44,11 @@ TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 23
 # MLP Triton in both), prefill 13.6 ms vs 38.8 ms.
 
 
-def _triton_wins(hidden_states: torch.Tensor, *inputs: torch.Tensor) -> bool:
-    """Whether the measured thresholds pick the Triton kernel for this call (``inputs``: every differentiable one)."""
-    import torch
-
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+def _triton_wins(hidden_states: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+    """Whether the measured thresholds pick the Triton kernel for this call."""
+    # Once per norm layer per step: plain attribute tests, no generator.
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad
+                                    or (residual is not None and residual.requires_grad)):
         return hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD
     return hidden_states.numel() >= TRITON_RMS_NORM_MIN_ELEMENTS
 
@@ -67,8 +63,8 @@ def rms_norm(
         >>> rms_norm(torch.randn(4, 64), torch.ones(64), eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([4, 64])
     """
-    if not tracing() and _triton_wins(hidden_states, hidden_states, weight):
-        return _triton.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+    if not tracing() and _triton_wins(hidden_states, weight):
+        return _triton.eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
 
 
@@ -90,6 +86,9 @@ def residual_rms_norm(
         >>> torch.equal(new_residual, residual + x)
         True
     """
-    if tracing() or _triton_wins(hidden_states, hidden_states, residual, weight):
+    if tracing():
         return _triton.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+    if _triton_wins(hidden_states, weight, residual):
+        return _triton.eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                               casting=casting)
     return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)

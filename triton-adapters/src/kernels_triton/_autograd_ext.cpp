@@ -5,6 +5,11 @@
 // engine's device thread on an H200 host (GIL, interpreter state moving between cores), more than the GPU time of
 // the whole layer below ~33M elements. Here a backward is three allocations and two cuLaunchKernel calls.
 //
+// Why a hand-written autograd Node rather than torch::autograd::Function: Function::apply and its CppNode wrap
+// every call in generic bookkeeping (a string-keyed map for the saved values, per-input VariableInfo, output
+// wrapping with view and dirty-tensor handling, gradient materialisation) that these two fixed-signature ops do
+// not need; the Node below is what PyTorch's own generated backward nodes look like.
+//
 // What this file knows about Triton is the launcher ABI shared by Triton 3.3-3.9's CUDA launcher: one parameter
 // slot per non-constexpr kernel argument (device pointers, 32/64-bit integers, float32 scalars as their bits),
 // then the global and profile scratch pointers; 32 * num_warps threads; the compiled kernel's shared memory.
@@ -17,12 +22,20 @@
 
 #include <torch/extension.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <dlfcn.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -80,22 +93,53 @@ const Driver& driver() {
   return loaded;
 }
 
-// The autograd engine's device threads select the device through the runtime API, which binds no driver context
-// until a runtime call needs one: cuLaunchKernel there fails with CUDA_ERROR_INVALID_CONTEXT. Make the device's
-// primary context (the one PyTorch and Triton use) current, as Triton's own launcher does.
-void make_context_current(int ordinal) {
-  const Driver& cuda = driver();
-  void* context = nullptr;
-  int device = -1;
-  if (cuda.context_get_current(&context) == 0 && context != nullptr && cuda.context_get_device(&device) == 0 &&
-      device == ordinal) {
-    return;
+// The primary context of each device (the one PyTorch and Triton use), retained once.
+void* primary_context(int ordinal) {
+  static std::array<void*, 64> contexts{};
+  static std::mutex lock;
+  if (ordinal < 0 || ordinal >= static_cast<int>(contexts.size())) {
+    fail("device ordinal " + std::to_string(ordinal) + " out of range");
   }
-  int handle = 0;
-  check(cuda.device_get(&handle, ordinal), "cuDeviceGet");
-  check(cuda.primary_context_retain(&context, handle), "cuDevicePrimaryCtxRetain");
-  check(cuda.context_set_current(context), "cuCtxSetCurrent");
+  std::lock_guard<std::mutex> guard(lock);
+  void*& context = contexts[ordinal];
+  if (context == nullptr) {
+    const Driver& cuda = driver();
+    int handle = 0;
+    check(cuda.device_get(&handle, ordinal), "cuDeviceGet");
+    check(cuda.primary_context_retain(&context, handle), "cuDevicePrimaryCtxRetain");
+  }
+  return context;
 }
+
+// Makes the device's primary context current for one launch. The autograd engine's device threads select their
+// device through the runtime API, which binds no driver context until a runtime call needs one, so there
+// cuLaunchKernel would fail with CUDA_ERROR_INVALID_CONTEXT: such a thread keeps the context (as after any
+// runtime call). A thread that had another device's context current (a layer on cuda:1 called while cuda:0 is
+// current) gets it back afterwards, so the caller's current device does not change under it.
+class ContextGuard {
+ public:
+  explicit ContextGuard(int ordinal) {
+    const Driver& cuda = driver();
+    void* current = nullptr;
+    int device = -1;
+    if (cuda.context_get_current(&current) == 0 && current != nullptr && cuda.context_get_device(&device) == 0 &&
+        device == ordinal) {
+      return;
+    }
+    check(cuda.context_set_current(primary_context(ordinal)), "cuCtxSetCurrent");
+    previous_ = current;
+  }
+  ~ContextGuard() {
+    if (previous_ != nullptr) {
+      driver().context_set_current(previous_);
+    }
+  }
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  void* previous_ = nullptr;
+};
 
 // One argument as the caller has it; the kernel's type letter decides how it is stored.
 struct Arg {
@@ -109,6 +153,10 @@ struct Arg {
   static Arg of(double value) { return Arg{kFloat, 0, 0, value}; }
 };
 
+// The most arguments a kernel here takes (the residual backward: 10), with room to spare; the parameter slots
+// live on the stack, since a launch happens once per layer per direction.
+constexpr size_t kMaxArgs = 14;
+
 // A compiled Triton kernel: its driver handle and how to launch it, for one device.
 struct Kernel {
   uint64_t function = 0;
@@ -119,15 +167,15 @@ struct Kernel {
 
   bool loaded() const { return function != 0; }
 
-  void launch(int64_t grid, const std::vector<Arg>& args, const c10::Device& device) const {
+  void launch(int64_t grid, std::initializer_list<Arg> args, const c10::Device& device) const {
     if (args.size() != arg_types.size()) {
       fail("kernel takes " + std::to_string(arg_types.size()) + " arguments, got " + std::to_string(args.size()));
     }
     // Two more slots: Triton's global and profile scratch pointers, null for these kernels.
-    std::vector<uint64_t> slots(args.size() + 2, 0);
-    std::vector<void*> params(slots.size());
-    for (size_t index = 0; index < args.size(); ++index) {
-      const Arg& arg = args[index];
+    std::array<uint64_t, kMaxArgs + 2> slots{};
+    std::array<void*, kMaxArgs + 2> params{};
+    size_t index = 0;
+    for (const Arg& arg : args) {
       char type = arg_types[index];
       uint64_t& slot = slots[index];
       Arg::Kind expected = type == 'p' ? Arg::kPointer : type == 'f' ? Arg::kFloat : Arg::kInteger;
@@ -149,10 +197,11 @@ struct Kernel {
         std::memcpy(&slot, &narrow, sizeof(narrow));
       }
       params[index] = &slot;
+      ++index;
     }
-    params[args.size()] = &slots[args.size()];
-    params[args.size() + 1] = &slots[args.size() + 1];
-    make_context_current(device.index());
+    params[index] = &slots[index];
+    params[index + 1] = &slots[index + 1];
+    ContextGuard context(device.index());
     void* stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device).native_handle();
     check(driver().launch_kernel(reinterpret_cast<void*>(function), static_cast<unsigned>(grid), 1, 1,
                                  static_cast<unsigned>(threads), 1, 1, static_cast<unsigned>(shared_bytes), stream,
@@ -164,7 +213,7 @@ struct Kernel {
 }  // namespace
 
 // The kernels of one RMSNorm variant (dtypes, width, Gemma casting, offset) on one device. Python builds one per
-// variant, keeps it for the process's life and passes it to every call.
+// variant and keeps it for the process's life; every autograd node made with it holds a reference too.
 struct NormPlan {
   Kernel forward;            // RMSNorm forward, or the residual add + RMSNorm forward
   Kernel backward;           // the backward with no gradient reaching the sum
@@ -173,7 +222,20 @@ struct NormPlan {
   int64_t sum_block_columns = 0;
 };
 
+// One plan with the launch shapes of one input shape: what Python looks up once per signature and passes to every
+// call of that signature.
+struct NormCall {
+  std::shared_ptr<const NormPlan> plan;
+  int64_t forward_grid = 0;
+  int64_t programs = 0;          // backward programs, each summing its rows' weight gradient into one partial row
+  int64_t rows_per_program = 0;
+};
+
 namespace {
+
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -187,134 +249,190 @@ at::Tensor aligned(const at::Tensor& tensor) {
   return dense;
 }
 
-const NormPlan& plan_of(const torch::autograd::AutogradContext* ctx) {
-  return *reinterpret_cast<const NormPlan*>(ctx->saved_data.at("plan").toInt());
-}
+// The backward of both norms. Its next edges are the forward's differentiable inputs: (x, weight) for RMSNorm,
+// (x, residual, weight) for the residual variant, whose normed input is the saved sum.
+struct NormBackward : public Node {
+  NormBackward(const NormCall& call, bool residual, int64_t n_rows, double offset)
+      : plan(call.plan),
+        programs(call.programs),
+        rows_per_program(call.rows_per_program),
+        n_rows(n_rows),
+        offset(offset),
+        residual(residual) {}
 
-// The shared backward: dx (also the residual's gradient) and, if wanted, the weight gradient.
-std::pair<at::Tensor, at::Tensor> norm_backward(torch::autograd::AutogradContext* ctx, const at::Tensor& dy_in,
-                                                const at::Tensor& ds_in, bool want_dw) {
-  const NormPlan& plan = plan_of(ctx);
-  auto saved = ctx->get_saved_variables();
-  const at::Tensor& s = saved[0];
-  const at::Tensor& weight = saved[1];
-  const at::Tensor& rstd = saved[2];
-  const int64_t n_rows = ctx->saved_data.at("n_rows").toInt();
-  const int64_t programs = ctx->saved_data.at("programs").toInt();
-  const int64_t rows_per_program = ctx->saved_data.at("rows_per_program").toInt();
-  const double offset = ctx->saved_data.at("offset").toDouble();
-  const int64_t n_cols = s.size(-1);
-
-  at::Tensor dy = aligned(dy_in);
-  bool has_ds = ds_in.defined();
-  at::Tensor ds = has_ds ? aligned(ds_in) : dy;
-  at::Tensor dx = at::empty_like(s);
-  at::Tensor partial = at::empty({programs, n_cols}, s.options().dtype(at::kFloat));
-  const Kernel& backward = has_ds ? plan.backward_with_sum : plan.backward;
-  if (!backward.loaded()) {
-    fail("no backward kernel loaded for this plan");
-  }
-  backward.launch(programs,
-                  {Arg::of(dy), Arg::of(ds), Arg::of(s), Arg::of(weight), Arg::of(rstd), Arg::of(dx),
-                   Arg::of(partial), Arg::of(n_rows), Arg::of(offset), Arg::of(rows_per_program)},
-                  s.device());
-  at::Tensor dw;
-  if (want_dw) {
-    dw = at::empty(weight.sizes(), weight.options());
-    plan.sum_partials.launch(cdiv(n_cols, plan.sum_block_columns),
-                             {Arg::of(partial), Arg::of(dw), Arg::of(programs)}, s.device());
-  }
-  return {dx, dw};
-}
-
-void save_launch_state(torch::autograd::AutogradContext* ctx, const NormPlan& plan, int64_t n_rows,
-                       int64_t programs, int64_t rows_per_program, double offset) {
-  ctx->saved_data["plan"] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&plan));
-  ctx->saved_data["n_rows"] = n_rows;
-  ctx->saved_data["programs"] = programs;
-  ctx->saved_data["rows_per_program"] = rows_per_program;
-  ctx->saved_data["offset"] = offset;
-}
-
-struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            double eps, double offset, const NormPlan* plan, int64_t forward_grid, int64_t programs,
-                            int64_t rows_per_program) {
-    const int64_t n_rows = x.numel() / x.size(-1);
-    at::Tensor y = at::empty_like(x);
-    at::Tensor rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
-    plan->forward.launch(forward_grid,
-                         {Arg::of(x), Arg::of(weight), Arg::of(y), Arg::of(rstd), Arg::of(n_rows), Arg::of(eps),
-                          Arg::of(offset)},
-                         x.device());
-    ctx->save_for_backward({x, weight, rstd});
-    save_launch_state(ctx, *plan, n_rows, programs, rows_per_program, offset);
-    return y;
+  std::string name() const override {
+    return residual ? "KernelsTritonResidualRMSNormBackward" : "KernelsTritonRMSNormBackward";
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto [dx, dw] = norm_backward(ctx, grads[0], at::Tensor(), ctx->needs_input_grad(1));
-    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct ResidualRMSNormFunction : public torch::autograd::Function<ResidualRMSNormFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                                                const at::Tensor& residual, const at::Tensor& weight, double eps,
-                                                double offset, const NormPlan* plan, int64_t forward_grid,
-                                                int64_t programs, int64_t rows_per_program) {
-    const int64_t n_rows = x.numel() / x.size(-1);
-    at::Tensor y = at::empty_like(x);
-    at::Tensor s = at::empty_like(x);
-    at::Tensor rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
-    plan->forward.launch(forward_grid,
-                         {Arg::of(x), Arg::of(residual), Arg::of(weight), Arg::of(y), Arg::of(s), Arg::of(rstd),
-                          Arg::of(n_rows), Arg::of(eps), Arg::of(offset)},
-                         x.device());
-    // The sum is an output the layer keeps as its next residual: saving it costs no memory.
-    ctx->save_for_backward({s, weight, rstd});
-    save_launch_state(ctx, *plan, n_rows, programs, rows_per_program, offset);
-    ctx->set_materialize_grads(false);
-    return {y, s};
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    normed_input.reset_data();
+    weight.reset_data();
+    rstd.reset_data();
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const at::Tensor& dy = grads[0];
-    const at::Tensor& ds = grads[1];
-    bool need_x = ctx->needs_input_grad(0);
-    bool need_residual = ctx->needs_input_grad(1);
-    at::Tensor dx;
-    at::Tensor dw;
-    if (!dy.defined()) {
-      // The normalised output was not used: only the sum's gradient flows, unchanged.
-      dx = ds;
-    } else {
-      std::tie(dx, dw) = norm_backward(ctx, dy, ds, ctx->needs_input_grad(2));
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Allocations below go straight to the backend: nothing here records autograd history.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const size_t weight_slot = residual ? 2 : 1;
+    variable_list outputs(weight_slot + 1);
+    const at::Tensor& dy_in = grads[0];
+    const at::Tensor ds_in = residual ? grads[1] : at::Tensor();
+    if (!dy_in.defined()) {
+      // The normalised output was not used: only the residual variant's sum passes a gradient, unchanged.
+      for (size_t slot = 0; residual && slot < weight_slot; ++slot) {
+        if (task_should_compute_output(slot)) {
+          outputs[slot] = ds_in;
+        }
+      }
+      return outputs;
     }
-    return {need_x ? dx : at::Tensor(), need_residual ? dx : at::Tensor(), dw, at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const bool want_dw = task_should_compute_output(weight_slot);
+    at::Tensor s = normed_input.unpack(getptr());
+    at::Tensor w = weight.unpack();
+    at::Tensor inv_rms = rstd.unpack();
+    const int64_t n_cols = s.size(-1);
+    at::Tensor dy = aligned(dy_in);
+    const bool has_ds = ds_in.defined();
+    at::Tensor ds = has_ds ? aligned(ds_in) : dy;
+    at::Tensor dx = at::empty_like(s);
+    at::Tensor partial = at::empty({programs, n_cols}, s.options().dtype(at::kFloat));
+    const Kernel& kernel = has_ds ? plan->backward_with_sum : plan->backward;
+    if (!kernel.loaded()) {
+      fail("no backward kernel loaded for this plan");
+    }
+    kernel.launch(programs,
+                  {Arg::of(dy), Arg::of(ds), Arg::of(s), Arg::of(w), Arg::of(inv_rms), Arg::of(dx), Arg::of(partial),
+                   Arg::of(n_rows), Arg::of(offset), Arg::of(rows_per_program)},
+                  s.device());
+    if (want_dw) {
+      at::Tensor dw = at::empty(w.sizes(), w.options());
+      plan->sum_partials.launch(cdiv(n_cols, plan->sum_block_columns),
+                                {Arg::of(partial), Arg::of(dw), Arg::of(programs)}, s.device());
+      outputs[weight_slot] = dw;
+    }
+    // dx is the gradient of x and, for the residual variant, of the residual too (the sum's gradient included).
+    for (size_t slot = 0; slot < weight_slot; ++slot) {
+      if (task_should_compute_output(slot)) {
+        outputs[slot] = dx;
+      }
+    }
+    return outputs;
   }
+
+  std::shared_ptr<const NormPlan> plan;
+  int64_t programs;
+  int64_t rows_per_program;
+  int64_t n_rows;
+  double offset;
+  bool residual;
+  SavedVariable normed_input;  // x, or the residual variant's sum (an output of this node)
+  SavedVariable weight;
+  SavedVariable rstd;
 };
+
+// PyTorch holds autograd nodes by std::shared_ptr up to some release and by c10::intrusive_ptr after it; the edge
+// type says which this build of torch uses.
+using NodePointer = decltype(torch::autograd::Edge{}.function);
+template <typename>
+struct IsSharedPointer : std::false_type {};
+template <typename T>
+struct IsSharedPointer<std::shared_ptr<T>> : std::true_type {};
+
+template <typename T, typename... Args>
+auto make_node(Args&&... args) {
+  if constexpr (IsSharedPointer<NodePointer>::value) {
+    return std::shared_ptr<T>(new T(std::forward<Args>(args)...));
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
+void check_inputs(const at::Tensor& x, const at::Tensor& weight, const NormCall& call) {
+  if (!call.plan) {
+    fail("NormCall has no plan");
+  }
+  if (!x.is_cuda() || !x.is_contiguous() || !weight.is_contiguous() || x.dim() == 0 ||
+      weight.numel() != x.size(-1)) {
+    fail("expected a contiguous CUDA input and a contiguous weight of its last dimension's size");
+  }
+}
+
+// Records the backward node for the outputs when autograd needs one; ``saved`` is what the backward normalises
+// (x itself, or the residual variant's sum, an output), the outputs get the node as their history.
+template <typename... Inputs>
+void record_backward(const NormCall& call, bool residual, int64_t n_rows, double offset, const at::Tensor& saved,
+                     bool saved_is_output, const at::Tensor& weight, const at::Tensor& rstd,
+                     std::initializer_list<at::Tensor> outputs, const Inputs&... inputs) {
+  auto node = make_node<NormBackward>(call, residual, n_rows, offset);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs...));
+  for (const at::Tensor& output : outputs) {
+    torch::autograd::set_history(output, node);
+  }
+  // After set_history: a saved output refers to its node weakly, which needs the node set first.
+  node->normed_input = SavedVariable(saved, saved_is_output);
+  node->weight = SavedVariable(weight, false);
+  node->rstd = SavedVariable(rstd, false);
+}
 
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset, const NormPlan& plan,
-                    int64_t forward_grid, int64_t programs, int64_t rows_per_program) {
-  return RMSNormFunction::apply(x, weight, eps, offset, &plan, forward_grid, programs, rows_per_program);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset, const NormCall& call) {
+  check_inputs(x, weight, call);
+  const bool needs_grad = torch::autograd::compute_requires_grad(x, weight);
+  const int64_t n_rows = x.numel() / x.size(-1);
+  at::Tensor y;
+  at::Tensor rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    y = at::empty_like(x);
+    rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
+    call.plan->forward.launch(call.forward_grid,
+                              {Arg::of(x), Arg::of(weight), Arg::of(y), Arg::of(rstd), Arg::of(n_rows), Arg::of(eps),
+                               Arg::of(offset)},
+                              x.device());
+  }
+  if (needs_grad) {
+    record_backward(call, false, n_rows, offset, x, false, weight, rstd, {y}, x, weight);
+  }
+  return y;
 }
 
 std::vector<at::Tensor> residual_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                                          double eps, double offset, const NormPlan& plan, int64_t forward_grid,
-                                          int64_t programs, int64_t rows_per_program) {
-  return ResidualRMSNormFunction::apply(x, residual, weight, eps, offset, &plan, forward_grid, programs,
-                                        rows_per_program);
+                                          double eps, double offset, const NormCall& call) {
+  check_inputs(x, weight, call);
+  if (!residual.is_contiguous() || residual.sizes() != x.sizes()) {
+    fail("expected a contiguous residual of the input's shape");
+  }
+  const bool needs_grad = torch::autograd::compute_requires_grad(x, residual, weight);
+  const int64_t n_rows = x.numel() / x.size(-1);
+  at::Tensor y;
+  at::Tensor s;
+  at::Tensor rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    y = at::empty_like(x);
+    s = at::empty_like(x);
+    rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
+    call.plan->forward.launch(call.forward_grid,
+                              {Arg::of(x), Arg::of(residual), Arg::of(weight), Arg::of(y), Arg::of(s), Arg::of(rstd),
+                               Arg::of(n_rows), Arg::of(eps), Arg::of(offset)},
+                              x.device());
+  }
+  if (needs_grad) {
+    // The sum is an output the layer keeps as its next residual: saving it costs no memory.
+    record_backward(call, true, n_rows, offset, s, true, weight, rstd, {y, s}, x, residual, weight);
+  }
+  return {y, s};
 }
 
 Kernel make_kernel(uint64_t function, int64_t threads, int64_t shared_bytes, const std::string& arg_types) {
   if (function == 0) {
     fail("null kernel function");
+  }
+  if (arg_types.size() > kMaxArgs) {
+    fail("a kernel with " + std::to_string(arg_types.size()) + " arguments; at most " + std::to_string(kMaxArgs));
   }
   for (char type : arg_types) {
     if (std::string("pilf").find(type) == std::string::npos) {
@@ -324,19 +442,36 @@ Kernel make_kernel(uint64_t function, int64_t threads, int64_t shared_bytes, con
   return Kernel{function, threads, shared_bytes, arg_types};
 }
 
+NormCall make_call(std::shared_ptr<NormPlan> plan, int64_t forward_grid, int64_t programs, int64_t rows_per_program) {
+  if (!plan || !plan->forward.loaded() || !plan->backward.loaded() || !plan->sum_partials.loaded() ||
+      plan->sum_block_columns <= 0) {
+    fail("NormCall needs a plan with its forward, backward and sum_partials kernels and sum_block_columns");
+  }
+  if (forward_grid <= 0 || programs <= 0 || rows_per_program <= 0) {
+    fail("NormCall needs a positive forward grid, program count and rows per program");
+  }
+  return NormCall{std::move(plan), forward_grid, programs, rows_per_program};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   pybind11::class_<Kernel>(module, "Kernel")
       .def(pybind11::init(&make_kernel), pybind11::arg("function"), pybind11::arg("threads"),
            pybind11::arg("shared_bytes"), pybind11::arg("arg_types"))
       .def_readonly("arg_types", &Kernel::arg_types);
-  pybind11::class_<NormPlan>(module, "NormPlan")
+  pybind11::class_<NormPlan, std::shared_ptr<NormPlan>>(module, "NormPlan")
       .def(pybind11::init<>())
       .def_readwrite("forward", &NormPlan::forward)
       .def_readwrite("backward", &NormPlan::backward)
       .def_readwrite("backward_with_sum", &NormPlan::backward_with_sum)
       .def_readwrite("sum_partials", &NormPlan::sum_partials)
       .def_readwrite("sum_block_columns", &NormPlan::sum_block_columns);
-  module.def("rms_norm", &rms_norm, "RMSNorm forward with a C++ autograd node (see the file's header)");
+  pybind11::class_<NormCall>(module, "NormCall")
+      .def(pybind11::init(&make_call), pybind11::arg("plan"), pybind11::arg("forward_grid"),
+           pybind11::arg("programs"), pybind11::arg("rows_per_program"))
+      .def_readonly("forward_grid", &NormCall::forward_grid)
+      .def_readonly("programs", &NormCall::programs)
+      .def_readonly("rows_per_program", &NormCall::rows_per_program);
+  module.def("rms_norm", &rms_norm, "RMSNorm forward recording a C++ autograd node (see the file's header)");
   module.def("residual_rms_norm", &residual_rms_norm,
-             "Residual add + RMSNorm forward with a C++ autograd node; returns [normed, sum]");
+             "Residual add + RMSNorm forward recording a C++ autograd node; returns [normed, sum]");
 }

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import torch
 
+from . import _cpp_extension
 from . import _native
 from . import _triton_kernels
 from ._compile import inference_trace
@@ -23,8 +24,8 @@ from ._device import eager_device_context
 from ._device import on_device_of
 
 
-__all__ = ["gelu_tanh_mul", "residual_rms_norm", "residual_rms_norm_supported", "rms_norm", "rms_norm_supported",
-           "rotary_embedding", "silu_mul"]
+__all__ = ["eager_residual_rms_norm", "eager_rms_norm", "gelu_tanh_mul", "residual_rms_norm",
+           "residual_rms_norm_supported", "rms_norm", "rms_norm_supported", "rotary_embedding", "silu_mul"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -70,13 +71,29 @@ def rms_norm(
         >>> rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([4, 64])
     """
-    if not rms_norm_supported(hidden_states, weight, casting=casting):
-        return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     if tracing():
-        if inference_trace(hidden_states, weight):
+        if not rms_norm_supported(hidden_states, weight, casting=casting) or inference_trace(hidden_states, weight):
             return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
         return _kernels().rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
-    # Eagerly, once per layer per step: one tracing check on this path (the supported case is a GPU tensor).
+    return eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+
+
+def eager_rms_norm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float, casting: str
+) -> torch.Tensor:
+    """:func:`rms_norm` for callers that already know they run eagerly (not under Dynamo).
+
+    Example:
+        >>> x, w = torch.randn(4, 64), torch.ones(64)   # CPU tensors take the native path
+        >>> eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama").shape
+        torch.Size([4, 64])
+    """
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
+        normed = _eager_autograd_norm(hidden_states, None, weight, eps, offset, casting)
+        if normed is not None:
+            return normed
+    if not rms_norm_supported(hidden_states, weight, casting=casting):
+        return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     with eager_device_context(hidden_states):
         return _triton_kernels.rms_norm(hidden_states, weight, eps=eps, offset=offset, gemma=casting == "gemma")
 
@@ -117,17 +134,77 @@ def residual_rms_norm(
         >>> torch.equal(new_residual, residual + x)
         True
     """
-    if not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting):
-        return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
     if tracing():
-        if inference_trace(hidden_states, residual, weight):
+        if (not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting)
+                or inference_trace(hidden_states, residual, weight)):
             return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
                                              casting=casting)
         return _kernels().residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
                                             gemma=casting == "gemma")
+    return eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+
+
+def eager_residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`residual_rms_norm` for callers that already know they run eagerly (not under Dynamo).
+
+    Example:
+        >>> x, residual, w = torch.randn(4, 64), torch.randn(4, 64), torch.ones(64)   # CPU: native path
+        >>> normed, new_residual = eager_residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")
+        >>> torch.equal(new_residual, residual + x)
+        True
+    """
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
+        outputs = _eager_autograd_norm(hidden_states, residual, weight, eps, offset, casting)
+        if outputs is not None:
+            return outputs
+    if not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting):
+        return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
     with eager_device_context(hidden_states):
         return _triton_kernels.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
                                                  gemma=casting == "gemma")
+
+
+# Per input signature of an eager norm call with autograd: the C++ extension's entry
+# (:func:`kernels_triton._triton_kernels.cpp_norm_entry`), or False where the Triton kernel does not reproduce the
+# module or the extension cannot take the call. Bounded: row counts vary with batch and sequence length.
+_EAGER_NORMS: dict[tuple, tuple | bool] = {}
+_EAGER_NORMS_MAX = 4096
+
+
+def _eager_autograd_norm(hidden_states: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                         eps: float, offset: float,
+                         casting: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """The norm (with ``residual``: the residual add and norm) through kernels-triton's C++ autograd extension, or
+    None: the caller then takes the general path.
+
+    This runs once per norm layer per training step, and a mid-size layer's GPU time is shorter than the host
+    time of the general path's checks: everything that depends only on the input signature (the support checks,
+    the compiled kernels, the launch shapes) is looked up in one dictionary; per call only
+    :func:`kernels_triton._triton_kernels.cpp_path_open` runs.
+    """
+    key = (hidden_states.shape, hidden_states.dtype, weight.dtype, hidden_states.get_device(), casting, offset != 0.0)
+    if residual is not None:
+        key += (residual.shape, residual.dtype, residual.get_device())
+    entry = _EAGER_NORMS.get(key)
+    if entry is None:
+        if residual is None:
+            supported = rms_norm_supported(hidden_states, weight, casting=casting)
+        else:
+            supported = residual_rms_norm_supported(hidden_states, residual, weight, casting=casting)
+        entry = supported and _triton_kernels.cpp_norm_entry(
+            residual is not None, hidden_states.shape, hidden_states.dtype, weight.dtype, casting == "gemma",
+            offset != 0.0, hidden_states.get_device())
+        if entry is None and _cpp_extension.failure() is None:
+            return None  # the extension is still building: ask again next call
+        if len(_EAGER_NORMS) >= _EAGER_NORMS_MAX:
+            _EAGER_NORMS.clear()
+        _EAGER_NORMS[key] = entry = entry or False
+    if entry is False or not _triton_kernels.cpp_path_open(hidden_states, weight, residual):
+        return None
+    return _triton_kernels.run_cpp_norm(entry, hidden_states, residual, weight, eps, offset)
 
 
 def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:

@@ -566,70 +566,94 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
     return plan
 
 
-# Per input signature: (extension, plan, forward grid, backward programs, rows per program), or False where the
-# C++ path cannot be used. Bounded: row counts vary with batch and sequence length.
+# Per input signature: (extension function, NormCall), or False where the C++ path cannot be used. Bounded: row
+# counts vary with batch and sequence length.
 _CPP_CALLS: dict[tuple, tuple | bool] = {}
 _CPP_CALLS_MAX = 4096
 
 
-def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool,
-                   other: torch.Tensor | None = None) -> tuple | None:
-    """(extension, plan, forward grid, backward programs, rows per program) for a C++ autograd call of the norm
-    on contiguous ``x`` (``other``: the residual), or None: the Python autograd path then runs.
-
-    None for CPU tensors, while the extension builds or where it cannot be used, with a launch hook registered (a
-    profiler sees every launch on the Python path), for tensors off the 16-byte alignment the kernels were
-    compiled for, and for 2**31 rows or more. Runs once per layer per step: everything that depends only on the
-    shapes and dtypes is looked up in one dictionary.
+def cpp_path_open(x: torch.Tensor, weight: torch.Tensor, other: torch.Tensor | None = None) -> bool:
+    """Whether this call of a norm may go through the C++ autograd extension, as far as anything that can change
+    between calls of one input signature goes: the extension is loaded (not building, failed or given up), no
+    Triton launch hook is registered (a profiler sees every launch on the Python path), and the contiguous
+    tensors sit on the 16-byte alignment the kernels were compiled for. Runs on every call: cheap checks only.
     """
-    if not x.is_cuda:
-        return None
+    return (
+        _cpp_extension.extension() is not None
+        and not launch_hooks_registered()
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and not x.data_ptr() % 16
+        and not weight.data_ptr() % 16
+        and (other is None or (other.is_contiguous() and not other.data_ptr() % 16))
+    )
+
+
+def cpp_norm_entry(residual: bool, shape: torch.Size, dtype: torch.dtype, weight_dtype: torch.dtype, gemma: bool,
+                   has_offset: bool, device: int) -> tuple | None:
+    """(extension function, ``NormCall``) for the norm on inputs of this signature on CUDA device ``device``, or
+    None where the C++ path does not take them (no extension loaded yet, 2**31 rows or more, kernels whose launch
+    the extension does not reproduce). Looked up once per signature and cached; :func:`cpp_path_open` says per
+    call whether the entry may be used."""
     extension = _cpp_extension.extension()
-    if extension is None or launch_hooks_registered():
+    if extension is None or device < 0:
         return None
-    if x.data_ptr() % 16 or weight.data_ptr() % 16 or (other is not None and other.data_ptr() % 16):
-        return None
-    key = (residual, x.shape, x.dtype, weight.dtype, gemma, offset != 0.0, x.get_device())
-    call = _CPP_CALLS.get(key)
-    if call is None:
+    key = (residual, shape, dtype, weight_dtype, gemma, has_offset, device)
+    entry = _CPP_CALLS.get(key)
+    if entry is None:
         if len(_CPP_CALLS) >= _CPP_CALLS_MAX:
             _CPP_CALLS.clear()
-        call = _CPP_CALLS[key] = _prepare_cpp_call(extension, *key)
-    return call or None
+        entry = _CPP_CALLS[key] = _prepare_cpp_call(extension, *key)
+    return entry or None
+
+
+def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool,
+                   other: torch.Tensor | None = None) -> tuple | None:
+    """:func:`cpp_norm_entry` for a call on ``x`` (``other``: the residual) if :func:`cpp_path_open` allows it,
+    else None: the Python autograd path then runs. CPU tensors never take it."""
+    if not x.is_cuda or not cpp_path_open(x, weight, other):
+        return None
+    return cpp_norm_entry(residual, x.shape, x.dtype, weight.dtype, gemma, offset != 0.0, x.get_device())
+
+
+def run_cpp_norm(entry: tuple, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 offset: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """The norm through the extension with an entry of :func:`cpp_norm_entry`; None when the call fails there,
+    which gives the extension up for the rest of the process (:func:`kernels_triton._cpp_extension.give_up`): the
+    caller then takes the Python autograd path."""
+    function, call = entry
+    try:
+        if residual is None:
+            return function(x, weight, eps, offset, call)
+        normed, total = function(x, residual, weight, eps, offset, call)
+        return normed, total
+    except RuntimeError as error:
+        _cpp_extension.give_up(error)
+        _CPP_CALLS.clear()
+        return None
 
 
 def _cpp_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float,
               gemma: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
     """The RMSNorm of ``x`` (with ``residual``: of ``x + residual``, and that sum) through the C++ autograd
-    extension, or None: the caller then takes the Python autograd path. A call that fails there gives the
-    extension up for the rest of the process (:func:`kernels_triton._cpp_extension.give_up`)."""
-    call = _cpp_norm_call(residual is not None, x, weight, offset, gemma, residual)
-    if call is None:
-        return None
-    extension, plan, grid, programs, rows_per_program = call
-    try:
-        if residual is None:
-            return extension.rms_norm(x, weight, eps, offset, plan, grid, programs, rows_per_program)
-        normed, total = extension.residual_rms_norm(x, residual, weight, eps, offset, plan, grid, programs,
-                                                    rows_per_program)
-        return normed, total
-    except RuntimeError as error:
-        _cpp_extension.give_up(error)
-        return None
+    extension, or None: the caller then takes the Python autograd path."""
+    entry = _cpp_norm_call(residual is not None, x, weight, offset, gemma, residual)
+    return None if entry is None else run_cpp_norm(entry, x, residual, weight, eps, offset)
 
 
 def _prepare_cpp_call(extension: ModuleType, residual: bool, shape: torch.Size, dtype: torch.dtype,
                       weight_dtype: torch.dtype, gemma: bool, has_offset: bool, device: int) -> tuple | bool:
     n_cols = shape[-1]
     n_rows = shape.numel() // n_cols
-    if n_rows >= 2**31:
+    if n_rows >= 2**31 or n_rows == 0:
         return False
     plan_key = (residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
     try:
         plan = _NORM_PLANS[plan_key]
     except KeyError:
         try:
-            plan = _build_norm_plan(extension, residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
+            with torch.cuda.device(device):
+                plan = _build_norm_plan(extension, residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
         except Exception:  # noqa: BLE001 - an unexpected Triton API: the Python path always works
             logger.warning("kernels-triton: cannot prepare the C++ autograd path for %s; Python autograd instead",
                            plan_key, exc_info=True)
@@ -640,7 +664,9 @@ def _prepare_cpp_call(extension: ModuleType, residual: bool, shape: torch.Size, 
     element_size = dtype.itemsize
     forward_rows = _norm_tiling(n_cols, element_size)[0]
     _, _, _, programs, rows_per_program, _ = _norm_backward_tiling(n_rows, n_cols, element_size, device)
-    return extension, plan, _cdiv(n_rows, forward_rows), programs, rows_per_program
+    call = extension.NormCall(plan, forward_grid=_cdiv(n_rows, forward_rows), programs=programs,
+                              rows_per_program=rows_per_program)
+    return (extension.residual_rms_norm if residual else extension.rms_norm), call
 
 
 # --------------------------------------------------------------------------------------------------- RoPE

@@ -145,11 +145,22 @@ def _half_precision_casting(module: nn.Module, ctx: MatchContext, forward: Calla
     return verdict[3] if verdict is not None and verdict[1] == variant else None
 
 
+def _weight_source(module: nn.Module) -> dict[str, Any]:
+    """Where ``module.weight`` can be read without ``nn.Module.__getattr__`` (a Python call costing about as much
+    host time as the rest of a norm call's dispatch): the module's parameter dict, or an empty dict (read the
+    attribute) where the class defines ``weight`` itself, e.g. as a property."""
+    return {} if hasattr(type(module), "weight") else module._parameters
+
+
 def adapt_rms_norm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
     eps, offset, casting = match.params["eps"], match.params["offset"], match.params["casting"]
+    parameters = _weight_source(module)
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        return impl(hidden_states, module.weight, eps=eps, offset=offset, casting=casting)
+        # A weight replaced by a plain tensor (no longer a parameter) is found through the attribute.
+        weight = parameters.get("weight")
+        return impl(hidden_states, module.weight if weight is None else weight, eps=eps, offset=offset,
+                    casting=casting)
 
     return forward
 
@@ -184,8 +195,11 @@ def _classify_layer_norm(module: nn.Module, ctx: MatchContext) -> Match | Declin
 
 def adapt_layer_norm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
     eps = match.params["eps"]
+    parameters = _weight_source(module)
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        return impl(hidden_states, module.weight, module._parameters.get("bias"), eps=eps)
+        weight = parameters.get("weight")
+        return impl(hidden_states, module.weight if weight is None else weight, module._parameters.get("bias"),
+                    eps=eps)
 
     return forward
