@@ -10,14 +10,17 @@ the mean time per call of 200 calls issued back to back on a tiny input, which i
 
 The module call path: ``module_fwd_us`` times a transformers ``Qwen3RMSNorm`` kernelized by kernels-core
 (``Mode.INFERENCE``, called under ``no_grad``), so the module call, the core's forward and the size-tuned choice
-are all counted. ``chain_*`` runs a stack of 8 such modules (``Mode.TRAINING``; ``module_triton``: the same modules
-with the size thresholds at zero, so every call takes the Triton kernel; or the bare functions) forward and
-backward in one ``torch.autograd.grad`` and reports the time per layer: what a layer costs inside a model's step,
-every host cost on its path included except the single ``autograd.grad`` entry a step pays once. Each layer moves
-five tensors of the input's size (forward: read, write; backward: read input and gradient, write gradient), so its
-fraction of a same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``module_triton_python_autograd``
-is ``module_triton`` with kernels-triton's C++ autograd extension switched off (the Python ``autograd.Function``
-path), side by side in the same run. ``chain_*_gpu_per_layer_us`` replays the same chain as a CUDA graph: the
+are all counted. ``chain_*`` runs stacks of 8 and of 32 such modules (``Mode.TRAINING``; ``module_triton``: the same
+modules with the size thresholds at zero, so every call takes the Triton kernel; or the bare functions) forward
+and backward in one ``torch.autograd.grad``. ``chain_*_per_layer_us`` is the difference of the two divided by
+24: what one more layer costs inside a step, every host cost on its path included (module call, the core's
+forward, the size choice, the autograd node, launches), while the step's fixed costs (the ``autograd.grad`` entry,
+the wake-ups of autograd's device thread, the L2 flush before each timed call) cancel. ``chain8_*`` is the
+8-layer stack's time per layer with those fixed costs shared by 8 layers. Each layer moves five tensors of the
+input's size (forward: read, write; backward: read input and gradient, write gradient), so its fraction of a
+same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``module_triton_python_autograd`` is
+``module_triton`` with kernels-triton's C++ autograd extension switched off (the Python ``autograd.Function``
+path), side by side in the same run. ``chain_*_gpu_per_layer_us`` replays the 32-layer chain as a CUDA graph: the
 GPU time alone, against which the gap to the chain as called is the host's share.
 
     python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
@@ -64,6 +67,7 @@ SHAPES = [
 
 
 CHAIN = 8
+LONG_CHAIN = 32
 
 
 def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode, count: int) -> torch.nn.Sequential:
@@ -152,38 +156,52 @@ def main() -> None:
             row["module_fwd_us"] = bench(lambda module=module, x=x: module(x))
         row["module_fwd_frac_same_size_copy"] = row["copy_us"] / row["module_fwd_us"]
         row["module_fwd_frac_copy_bw"] = nbytes / (row["module_fwd_us"] * 1e-6) / 1e9 / copy_bw
-        chain_module = kernelized_norms(h, dtype, mode=kernels_core.Mode.TRAINING, count=CHAIN)
-        weights = [norm.weight for norm in chain_module]
-        chains = {
-            "module": chain_module,
-            "f_rms_norm": lambda t, weights=weights: _apply_all(
-                t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
-            "triton": lambda t, weights=weights: _apply_all(
-                t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
-            # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
-            "module_triton": triton_norms(chain_module),
-            # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
-            "module_triton_python_autograd": python_autograd_norms(triton_norms(chain_module)),
-        }
         xg = x.detach().requires_grad_(True)
         dy = torch.randn_like(x)
-        for name, chain in chains.items():
+        totals: dict[int, dict[str, float]] = {}
+        for length in (CHAIN, LONG_CHAIN):
+            chain_module = kernelized_norms(h, dtype, mode=kernels_core.Mode.TRAINING, count=length)
+            weights = [norm.weight for norm in chain_module]
+            chains = {
+                "module": chain_module,
+                "f_rms_norm": lambda t, weights=weights: _apply_all(
+                    t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
+                "triton": lambda t, weights=weights: _apply_all(
+                    t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0,
+                                                                   casting="llama")),
+                # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
+                "module_triton": triton_norms(chain_module),
+                # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
+                "module_triton_python_autograd": python_autograd_norms(triton_norms(chain_module)),
+            }
+            totals[length] = {}
+            for name, chain in chains.items():
 
-            def chain_fwd_bwd(chain=chain, xg=xg, dy=dy, weights=weights):
-                torch.autograd.grad(chain(xg), [xg, *weights], dy)
+                def chain_fwd_bwd(chain=chain, xg=xg, dy=dy, weights=weights):
+                    torch.autograd.grad(chain(xg), [xg, *weights], dy)
 
-            row[f"chain_{name}_per_layer_us"] = bench(chain_fwd_bwd) / CHAIN
-            row[f"chain_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] / row[f"chain_{name}_per_layer_us"]
-            # The same chain replayed as a CUDA graph: its GPU time alone, so the gap to the row above is what
-            # the host (module calls, Python autograd nodes, launches) adds.
-            try:
-                row[f"chain_{name}_gpu_per_layer_us"] = gpu_us(chain_fwd_bwd, calls=3) / CHAIN
-                row[f"chain_{name}_gpu_frac_same_size_copy"] = (
-                    2.5 * row["copy_gpu_us"] / row[f"chain_{name}_gpu_per_layer_us"])
-            except Exception as exc:  # noqa: BLE001 - reported, not fatal
-                row[f"chain_{name}_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        chain_names = tuple(chains)
-        del chain_module, chains, weights
+                totals[length][name] = bench(chain_fwd_bwd)
+                if length != LONG_CHAIN:
+                    continue
+                # The long chain replayed as a CUDA graph: its GPU time alone, so the gap to the rows below is
+                # what the host (module calls, autograd nodes, launches) adds.
+                try:
+                    row[f"chain_{name}_gpu_per_layer_us"] = gpu_us(chain_fwd_bwd, calls=2) / LONG_CHAIN
+                    row[f"chain_{name}_gpu_frac_same_size_copy"] = (
+                        2.5 * row["copy_gpu_us"] / row[f"chain_{name}_gpu_per_layer_us"])
+                except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                    row[f"chain_{name}_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            del chain_module, chains, weights
+        for name in totals[CHAIN]:
+            # What one more layer costs inside a step: the step's fixed costs (the autograd.grad entry and the
+            # wake-ups of the engine's thread, the flush before each timed call) cancel in the difference.
+            marginal = (totals[LONG_CHAIN][name] - totals[CHAIN][name]) / (LONG_CHAIN - CHAIN)
+            row[f"chain_{name}_per_layer_us"] = marginal
+            row[f"chain_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] / marginal
+            # The short chain's time per layer, the step's fixed costs shared by 8 layers.
+            row[f"chain{CHAIN}_{name}_per_layer_us"] = totals[CHAIN][name] / CHAIN
+            row[f"chain{CHAIN}_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] * CHAIN / totals[CHAIN][name]
+        chain_names = tuple(totals[CHAIN])
         rows.append(row)
         print(
             f"{n:>6}x{h:<5} copy {row['copy_us']:7.1f}us | fwd liger {row['liger_fwd_us']:7.1f} "
