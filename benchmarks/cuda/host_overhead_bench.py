@@ -15,7 +15,11 @@ mean microseconds per call, side by side in one run:
 * forward+backward through ``torch.autograd.grad``: ``F.rms_norm``, the Triton kernel (C++ and Python autograd
   nodes; bare and as the kernelized training module; the extension's call alone), a trivial Python
   ``autograd.Function`` (what any custom Function pays in the autograd engine), and the Triton backward called
-  directly without autograd.
+  directly without autograd;
+* chains of 8 layers (``chain_per_layer``; ``--chain-only`` runs just these): per layer, the forward with
+  autograd recording and the forward+backward, for native ``clone`` and ``x * weight`` (PyTorch's own C++ nodes,
+  the floor any autograd node pays on this host), ``F.rms_norm``, the Triton entry point, the extension's call
+  alone and the kernelized training module (C++ and Python autograd nodes).
 
     python benchmarks/cuda/host_overhead_bench.py --out benchmarks/results/cuda-host-overhead-h100.json
 """
@@ -166,13 +170,9 @@ def main() -> None:
     dtype = torch.bfloat16
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=dtype)
     w = torch.randn(args.cols, device="cuda", dtype=dtype)
-    eager_module = Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)
-    kernelized = kernels_core.kernelize(
-        torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.INFERENCE)
-    report = kernels_core.get_report(kernelized)
-    kernel_module = kernelized[0]
+    # The extension's call for this input signature, or None where the Python autograd path runs.
+    cpp = _triton_kernels._cpp_norm_call(False, x, w, 0.0, False)
     if args.chain_only:
-        cpp = _triton_kernels._cpp_norm_call(False, x, w, 0.0, False)
         write_json(args.out, {"environment": environment(), "input": {"shape": [args.rows, args.cols],
                                                                       "dtype": "bfloat16"},
                               "what": "mean host microseconds per layer, chains of layers back to back",
@@ -180,6 +180,11 @@ def main() -> None:
                               "results_us": {"chain_per_layer": chain_rows(args.rows, args.cols, cpp=cpp,
                                                                            profile=args.profile)}})
         return
+    eager_module = Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)
+    kernelized = kernels_core.kernelize(
+        torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.INFERENCE)
+    report = kernels_core.get_report(kernelized)
+    kernel_module = kernelized[0]
 
     y = torch.empty_like(x)
     block_m, block_n, num_warps = _triton_kernels._norm_tiling(args.cols, x.element_size())
@@ -219,7 +224,6 @@ def main() -> None:
             torch.autograd.grad(fn(*inputs), inputs, dy)
         return run
 
-    cpp = _triton_kernels._cpp_norm_call(False, x, w, 0.0, False)
     training = kernels_core.kernelize(
         torch.nn.Sequential(Qwen3RMSNorm(args.cols, eps=1e-6).to("cuda", dtype)), mode=kernels_core.Mode.TRAINING)
     training_module = training[0]
