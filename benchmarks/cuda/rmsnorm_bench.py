@@ -15,8 +15,10 @@ modules with the size thresholds at zero, so every call takes the Triton kernel;
 and backward in one ``torch.autograd.grad``. ``chain_*_per_layer_us`` is the difference of the two divided by
 24: what one more layer costs inside a step, every host cost on its path included (module call, the core's
 forward, the size choice, the autograd node, launches), while the step's fixed costs (the ``autograd.grad`` entry,
-the wake-ups of autograd's device thread, the L2 flush before each timed call) cancel. ``chain8_*`` is the
-8-layer stack's time per layer with those fixed costs shared by 8 layers. Each layer moves five tensors of the
+the wake-ups of autograd's device thread, the L2 flush before each timed call) cancel. It is the median over
+``--rounds`` rounds, each timing every variant's two chains back to back (``*_rounds``: every round's value;
+``*_range``: the fraction of a copy in the slowest and the fastest round). ``chain8_*`` is the 8-layer stack's
+time per layer with those fixed costs shared by 8 layers. Each layer moves five tensors of the
 input's size (forward: read, write; backward: read input and gradient, write gradient), so its fraction of a
 same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``module_triton_python_autograd`` is
 ``module_triton`` with kernels-triton's C++ autograd extension switched off (the Python ``autograd.Function``
@@ -24,6 +26,7 @@ path), side by side in the same run. ``chain_*_gpu_per_layer_us`` replays the 32
 GPU time alone, against which the gap to the chain as called is the host's share.
 
     python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
+    python benchmarks/cuda/rmsnorm_bench.py --chain-only --shapes 8192x1024,16384x1024 --out /tmp/chains.json
 """
 
 from __future__ import annotations
@@ -90,10 +93,83 @@ def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tens
     return t
 
 
+CHAIN_NAMES = ("module", "f_rms_norm", "triton", "module_triton", "module_triton_python_autograd")
+
+
+def _chains(chain_module: torch.nn.Sequential) -> dict:
+    """The chain variants over one stack of kernelized modules (see the module docstring)."""
+    weights = [norm.weight for norm in chain_module]
+    return {
+        "module": chain_module,
+        "f_rms_norm": lambda t: _apply_all(t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
+        "triton": lambda t: _apply_all(
+            t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
+        # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
+        "module_triton": triton_norms(chain_module),
+        # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
+        "module_triton_python_autograd": python_autograd_norms(triton_norms(chain_module)),
+    }
+
+
+def chain_rows(row: dict, x: torch.Tensor, *, rounds: int) -> None:
+    """Adds the ``chain_*`` entries of one shape to ``row`` (see the module docstring).
+
+    Each round times every variant's 8- and 32-layer chains back to back, so a slow spell of the host shows in
+    one round's figures rather than in one variant's: the reported per-layer cost is the median over rounds,
+    with the rounds' minimum and maximum beside it. The CUDA-graph replays come after all eager timings (a
+    capture changes the caching allocator's state).
+    """
+    hidden = x.shape[-1]
+    xg = x.detach().requires_grad_(True)
+    dy = torch.randn_like(x)
+    steps = {}
+    for length in (CHAIN, LONG_CHAIN):
+        chain_module = kernelized_norms(hidden, x.dtype, mode=kernels_core.Mode.TRAINING, count=length)
+        weights = [norm.weight for norm in chain_module]
+        for name, chain in _chains(chain_module).items():
+
+            def chain_fwd_bwd(chain=chain, weights=weights):
+                torch.autograd.grad(chain(xg), [xg, *weights], dy)
+
+            steps[length, name] = chain_fwd_bwd
+    totals: dict[tuple[int, str], list[float]] = {key: [] for key in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            totals[key].append(bench(step))
+    for name in CHAIN_NAMES:
+        # What one more layer costs inside a step: the step's fixed costs (the autograd.grad entry and the
+        # wake-ups of the engine's thread, the flush before each timed call) cancel in the difference.
+        marginals = sorted((long - short) / (LONG_CHAIN - CHAIN)
+                           for short, long in zip(totals[CHAIN, name], totals[LONG_CHAIN, name], strict=True))
+        marginal = marginals[len(marginals) // 2]
+        row[f"chain_{name}_per_layer_us"] = marginal
+        row[f"chain_{name}_per_layer_us_rounds"] = marginals
+        row[f"chain_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] / marginal
+        row[f"chain_{name}_frac_same_size_copy_range"] = [2.5 * row["copy_us"] / marginals[-1],
+                                                          2.5 * row["copy_us"] / marginals[0]]
+        # The short chain's time per layer, the step's fixed costs shared by 8 layers.
+        short = sorted(totals[CHAIN, name])[len(totals[CHAIN, name]) // 2]
+        row[f"chain{CHAIN}_{name}_per_layer_us"] = short / CHAIN
+        row[f"chain{CHAIN}_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] * CHAIN / short
+    for name in CHAIN_NAMES:
+        # The long chain replayed as a CUDA graph: its GPU time alone, so the gap to the rows above is what the
+        # host (module calls, autograd nodes, launches) adds.
+        try:
+            row[f"chain_{name}_gpu_per_layer_us"] = gpu_us(steps[LONG_CHAIN, name], calls=2) / LONG_CHAIN
+            row[f"chain_{name}_gpu_frac_same_size_copy"] = (
+                2.5 * row["copy_gpu_us"] / row[f"chain_{name}_gpu_per_layer_us"])
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+            row[f"chain_{name}_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--shapes", help="only these shapes, e.g. 8192x1024,16384x1024 (default: the full sweep)")
+    parser.add_argument("--chain-only", action="store_true",
+                        help="only the copy timings and the chains of layers (no single-call rows, no chart)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of chain timings; per-layer costs are their median (default: 5)")
     args = parser.parse_args()
     dtype = torch.bfloat16
     # The norms' C++ autograd extension builds in the background on first use: wait, so every row times it.
@@ -131,93 +207,51 @@ def main() -> None:
         dst = torch.empty_like(x)
         row = {"shape": [n, h], "elements": n * h, "copy_us": bench(lambda dst=dst, x=x: dst.copy_(x)),
                "copy_gpu_us": gpu_us(lambda dst=dst, x=x: dst.copy_(x))}
-        nbytes = 2 * x.numel() * x.element_size()
-        for name, fn in kernels.items():
-            row[f"{name}_fwd_us"] = bench(lambda fn=fn, x=x, w=w: fn(x, w))
-            row[f"{name}_fwd_frac_copy_bw"] = nbytes / (row[f"{name}_fwd_us"] * 1e-6) / 1e9 / copy_bw
-            # Against a copy of the same tensor (same bytes, same launch and tail effects): the issue's target.
-            row[f"{name}_fwd_frac_same_size_copy"] = row["copy_us"] / row[f"{name}_fwd_us"]
-            try:
-                row[f"{name}_fwd_gpu_us"] = gpu_us(lambda fn=fn, x=x, w=w: fn(x, w))
-                row[f"{name}_fwd_gpu_frac_same_size_copy"] = row["copy_gpu_us"] / row[f"{name}_fwd_gpu_us"]
-            except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured in a graph is reported
-                row[f"{name}_fwd_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            xg = x.detach().requires_grad_(True)
-            wg = w.detach().requires_grad_(True)
-            dy = torch.randn_like(x)
-
-            def fwd_bwd(fn=fn, xg=xg, wg=wg, dy=dy):
-                y = fn(xg, wg)
-                torch.autograd.grad(y, (xg, wg), dy)
-
-            row[f"{name}_fwdbwd_us"] = bench(fwd_bwd)
-        module = kernelized_norms(h, dtype, mode=kernels_core.Mode.INFERENCE, count=1)[0]
-        with torch.no_grad():
-            row["module_fwd_us"] = bench(lambda module=module, x=x: module(x))
-        row["module_fwd_frac_same_size_copy"] = row["copy_us"] / row["module_fwd_us"]
-        row["module_fwd_frac_copy_bw"] = nbytes / (row["module_fwd_us"] * 1e-6) / 1e9 / copy_bw
-        xg = x.detach().requires_grad_(True)
-        dy = torch.randn_like(x)
-        totals: dict[int, dict[str, float]] = {}
-        for length in (CHAIN, LONG_CHAIN):
-            chain_module = kernelized_norms(h, dtype, mode=kernels_core.Mode.TRAINING, count=length)
-            weights = [norm.weight for norm in chain_module]
-            chains = {
-                "module": chain_module,
-                "f_rms_norm": lambda t, weights=weights: _apply_all(
-                    t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
-                "triton": lambda t, weights=weights: _apply_all(
-                    t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0,
-                                                                   casting="llama")),
-                # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
-                "module_triton": triton_norms(chain_module),
-                # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
-                "module_triton_python_autograd": python_autograd_norms(triton_norms(chain_module)),
-            }
-            totals[length] = {}
-            for name, chain in chains.items():
-
-                def chain_fwd_bwd(chain=chain, xg=xg, dy=dy, weights=weights):
-                    torch.autograd.grad(chain(xg), [xg, *weights], dy)
-
-                totals[length][name] = bench(chain_fwd_bwd)
-                if length != LONG_CHAIN:
-                    continue
-                # The long chain replayed as a CUDA graph: its GPU time alone, so the gap to the rows below is
-                # what the host (module calls, autograd nodes, launches) adds.
+        if not args.chain_only:
+            nbytes = 2 * x.numel() * x.element_size()
+            for name, fn in kernels.items():
+                row[f"{name}_fwd_us"] = bench(lambda fn=fn, x=x, w=w: fn(x, w))
+                row[f"{name}_fwd_frac_copy_bw"] = nbytes / (row[f"{name}_fwd_us"] * 1e-6) / 1e9 / copy_bw
+                # Against a copy of the same tensor (same bytes, same launch and tail effects): the issue's target.
+                row[f"{name}_fwd_frac_same_size_copy"] = row["copy_us"] / row[f"{name}_fwd_us"]
                 try:
-                    row[f"chain_{name}_gpu_per_layer_us"] = gpu_us(chain_fwd_bwd, calls=2) / LONG_CHAIN
-                    row[f"chain_{name}_gpu_frac_same_size_copy"] = (
-                        2.5 * row["copy_gpu_us"] / row[f"chain_{name}_gpu_per_layer_us"])
-                except Exception as exc:  # noqa: BLE001 - reported, not fatal
-                    row[f"chain_{name}_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            del chain_module, chains, weights
-        for name in totals[CHAIN]:
-            # What one more layer costs inside a step: the step's fixed costs (the autograd.grad entry and the
-            # wake-ups of the engine's thread, the flush before each timed call) cancel in the difference.
-            marginal = (totals[LONG_CHAIN][name] - totals[CHAIN][name]) / (LONG_CHAIN - CHAIN)
-            row[f"chain_{name}_per_layer_us"] = marginal
-            row[f"chain_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] / marginal
-            # The short chain's time per layer, the step's fixed costs shared by 8 layers.
-            row[f"chain{CHAIN}_{name}_per_layer_us"] = totals[CHAIN][name] / CHAIN
-            row[f"chain{CHAIN}_{name}_frac_same_size_copy"] = 2.5 * row["copy_us"] * CHAIN / totals[CHAIN][name]
-        chain_names = tuple(totals[CHAIN])
+                    row[f"{name}_fwd_gpu_us"] = gpu_us(lambda fn=fn, x=x, w=w: fn(x, w))
+                    row[f"{name}_fwd_gpu_frac_same_size_copy"] = row["copy_gpu_us"] / row[f"{name}_fwd_gpu_us"]
+                except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured in a graph is reported
+                    row[f"{name}_fwd_gpu_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                xg = x.detach().requires_grad_(True)
+                wg = w.detach().requires_grad_(True)
+                dy = torch.randn_like(x)
+
+                def fwd_bwd(fn=fn, xg=xg, wg=wg, dy=dy):
+                    y = fn(xg, wg)
+                    torch.autograd.grad(y, (xg, wg), dy)
+
+                row[f"{name}_fwdbwd_us"] = bench(fwd_bwd)
+            module = kernelized_norms(h, dtype, mode=kernels_core.Mode.INFERENCE, count=1)[0]
+            with torch.no_grad():
+                row["module_fwd_us"] = bench(lambda module=module, x=x: module(x))
+            row["module_fwd_frac_same_size_copy"] = row["copy_us"] / row["module_fwd_us"]
+            row["module_fwd_frac_copy_bw"] = nbytes / (row["module_fwd_us"] * 1e-6) / 1e9 / copy_bw
+        chain_rows(row, x, rounds=args.rounds)
         rows.append(row)
-        print(
-            f"{n:>6}x{h:<5} copy {row['copy_us']:7.1f}us | fwd liger {row['liger_fwd_us']:7.1f} "
-            f"F {row['f_rms_norm_fwd_us']:7.1f} triton {row['triton_fwd_us']:7.1f} tuned {row['tuned_fwd_us']:7.1f} "
-            f"({row['tuned_fwd_frac_same_size_copy']:.0%} of copy) | fwd+bwd liger {row['liger_fwdbwd_us']:7.1f} "
-            f"F {row['f_rms_norm_fwdbwd_us']:7.1f} triton {row['triton_fwdbwd_us']:7.1f} "
-            f"tuned {row['tuned_fwdbwd_us']:7.1f} | GPU-only fwd: copy {row['copy_gpu_us']:6.1f} "
-            + " ".join(f"{k} {row.get(k + '_fwd_gpu_us', float('nan')):6.1f}" for k in kernels)
-            + f" (tuned {row.get('tuned_fwd_gpu_frac_same_size_copy', float('nan')):.0%} of copy)"
-            + f" | module fwd {row['module_fwd_us']:6.1f} ({row['module_fwd_frac_same_size_copy']:.0%} of copy)"
-            + " | chain per layer fwd+bwd "
-            + " ".join(f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%}, "
-                       f"GPU {row.get(f'chain_{k}_gpu_per_layer_us', float('nan')):6.1f})"
-                       for k in chain_names),
-            flush=True,
-        )
+        line = f"{n:>6}x{h:<5} copy {row['copy_us']:7.1f}us"
+        if not args.chain_only:
+            line += (
+                f" | fwd liger {row['liger_fwd_us']:7.1f} F {row['f_rms_norm_fwd_us']:7.1f} "
+                f"triton {row['triton_fwd_us']:7.1f} tuned {row['tuned_fwd_us']:7.1f} "
+                f"({row['tuned_fwd_frac_same_size_copy']:.0%} of copy) | fwd+bwd liger {row['liger_fwdbwd_us']:7.1f} "
+                f"F {row['f_rms_norm_fwdbwd_us']:7.1f} triton {row['triton_fwdbwd_us']:7.1f} "
+                f"tuned {row['tuned_fwdbwd_us']:7.1f} | GPU-only fwd: copy {row['copy_gpu_us']:6.1f} "
+                + " ".join(f"{k} {row.get(k + '_fwd_gpu_us', float('nan')):6.1f}" for k in kernels)
+                + f" (tuned {row.get('tuned_fwd_gpu_frac_same_size_copy', float('nan')):.0%} of copy)"
+                + f" | module fwd {row['module_fwd_us']:6.1f} ({row['module_fwd_frac_same_size_copy']:.0%} of copy)")
+        line += " | chain per layer fwd+bwd " + " ".join(
+            f"{k} {row[f'chain_{k}_per_layer_us']:6.1f} ({row[f'chain_{k}_frac_same_size_copy']:.0%}, rounds "
+            f"{row[f'chain_{k}_frac_same_size_copy_range'][0]:.0%}-{row[f'chain_{k}_frac_same_size_copy_range'][1]:.0%}"
+            f", GPU {row.get(f'chain_{k}_gpu_per_layer_us', float('nan')):6.1f})"
+            for k in CHAIN_NAMES)
+        print(line, flush=True)
     payload = {
         "environment": environment(),
         "dtype": "bfloat16",
@@ -225,10 +259,13 @@ def main() -> None:
         "tuned_triton_min_elements": _ops.TRITON_RMS_NORM_MIN_ELEMENTS,
         "tuned_triton_min_elements_with_grad": _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD,
         "cpp_autograd": cpp_autograd,
+        "chain_rounds": args.rounds,
         "host_us_per_call": host,
         "rows": rows,
     }
     write_json(args.out, payload)
+    if args.chain_only:
+        return
     try:
         import matplotlib
 

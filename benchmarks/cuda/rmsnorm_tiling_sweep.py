@@ -6,10 +6,13 @@ keeps one float32 weight-gradient row, summed afterwards by a second launch. The
 SM (``programs_per_sm``: more hides latency, but adds partial rows to write and sum), the tile each loop step
 loads (``tile_bytes`` of input per tensor) and software pipelining of the loop (``stages``: 1 is none), and
 reports each variant's GPU time alone (CUDA-graph replay, L2 flushed; :func:`_common.gpu_us`) with and without
-the weight-gradient sum. It also times that sum both ways: kernels-triton's one launch and ``partial.sum(0)``
-followed by the cast, and the forward kernel for reference.
+the weight-gradient sum, and with the sum for the rstd recomputed in the kernel (what the eager autograd paths
+do; ``with_dw_recomputed_gpu_us``) instead of read from the forward's saved rstd (the ``torch.compile`` ops). It
+also times that sum both ways, kernels-triton's one launch (at its default and at each of ``SUM_TILINGS``) and
+``partial.sum(0)`` followed by the cast, and the forward kernel for reference.
 
     python benchmarks/cuda/rmsnorm_tiling_sweep.py --out benchmarks/results/cuda-rmsnorm-tiling-h200.json
+    python benchmarks/cuda/rmsnorm_tiling_sweep.py --shapes 131072x128 --programs-per-sm 2,4 --out /tmp/sweep.json
 """
 
 from __future__ import annotations
@@ -29,16 +32,29 @@ SHAPES = [(8192, 1024), (16384, 1024), (131072, 128), (4096, 4096), (16384, 2048
 PROGRAMS_PER_SM = (1, 2, 4, 8)
 TILE_BYTES = (4096, 8192, 16384)
 STAGES = (1, 2, 3)
+# The weight-gradient sum's launch shapes: (rows, columns per step, pipeline stages, warps).
+SUM_TILINGS = ((32, 32, 1, 4), (32, 32, 3, 4), (64, 16, 3, 4), (128, 16, 3, 4), (128, 8, 3, 4), (64, 32, 3, 4),
+               (256, 8, 2, 8), (64, 8, 3, 2))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--shapes", help="only these shapes, e.g. 8192x1024,131072x128 (default: all)")
+    parser.add_argument("--programs-per-sm", default=",".join(map(str, PROGRAMS_PER_SM)),
+                        help="comma-separated values to sweep (default: %(default)s)")
+    parser.add_argument("--tile-bytes", default=",".join(map(str, TILE_BYTES)),
+                        help="comma-separated values to sweep (default: %(default)s)")
+    parser.add_argument("--stages", default=",".join(map(str, STAGES)),
+                        help="comma-separated values to sweep (default: %(default)s)")
     args = parser.parse_args()
+    grid = [tuple(int(v) for v in values.split(",")) for values in (args.programs_per_sm, args.tile_bytes,
+                                                                     args.stages)]
+    shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes.split(",")] if args.shapes else SHAPES
     dtype = torch.bfloat16
     device = torch.cuda.current_device()
     rows = []
-    for n, h in SHAPES:
+    for n, h in shapes:
         x = torch.randn(n, h, device="cuda", dtype=dtype)
         w = torch.randn(h, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
@@ -51,7 +67,7 @@ def main() -> None:
         default = kernels._norm_backward_tiling(n, h, x.element_size(), device)
         row["default_tiling"] = list(default)
         variants = []
-        for per_sm, tile, stages in itertools.product(PROGRAMS_PER_SM, TILE_BYTES, STAGES):
+        for per_sm, tile, stages in itertools.product(*grid):
             tiling = kernels._norm_backward_tiling(n, h, x.element_size(), device, programs_per_sm=per_sm,
                                                    tile_bytes=tile, stages=stages)
             variant = {"programs_per_sm": per_sm, "tile_bytes": tile, "stages": stages, "tiling": list(tiling)}
@@ -63,6 +79,9 @@ def main() -> None:
                                                    kernels.add_rms_norm_backward(dy, None, x, w, rstd, 0.0, False,
                                                                                  want_dw=True, tiling=tiling))
                 variant["with_dw_frac_copy_floor"] = 1.5 * row["copy_gpu_us"] / variant["with_dw_gpu_us"]
+                variant["with_dw_recomputed_gpu_us"] = gpu_us(
+                    lambda tiling=tiling, x=x, w=w, dy=dy: kernels.add_rms_norm_backward(
+                        dy, None, x, w, None, 0.0, False, want_dw=True, eps=1e-6, tiling=tiling))
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile or fit is reported
                 variant["error"] = f"{type(exc).__name__}: {exc}"[:300]
             variants.append(variant)
@@ -76,6 +95,10 @@ def main() -> None:
         partial = torch.randn(programs, h, device="cuda", dtype=torch.float32)
         out = torch.empty(h, device="cuda", dtype=dtype)
         row["dw_sum_triton_gpu_us"] = gpu_us(lambda partial=partial, out=out: kernels.sum_partial_rows(partial, out))
+        row["dw_sum_tilings"] = [
+            {"tiling": list(tiling), "gpu_us": gpu_us(lambda partial=partial, out=out, tiling=tiling:
+                                                      kernels.sum_partial_rows(partial, out, tiling=tiling))}
+            for tiling in SUM_TILINGS]
         row["dw_sum_torch_gpu_us"] = gpu_us(lambda partial=partial: partial.sum(0).to(dtype))
         reference = partial.sum(0)
         row["dw_sum_max_abs_diff_vs_torch_float32"] = (out.float() - reference.to(dtype).float()).abs().max().item()
@@ -85,10 +108,12 @@ def main() -> None:
               + next((f"{v['with_dw_gpu_us']:6.1f}" for v in timed if v["tiling"] == list(default)), "n/a")
               + f" | best {best['with_dw_gpu_us']:6.1f} ({best['with_dw_frac_copy_floor']:.0%}) at "
               f"{best['programs_per_sm']}/SM, {best['tile_bytes']} B, {best['stages']} stages | dw sum triton "
-              f"{row['dw_sum_triton_gpu_us']:5.1f} torch {row['dw_sum_torch_gpu_us']:5.1f}", flush=True)
+              f"{row['dw_sum_triton_gpu_us']:5.1f} torch {row['dw_sum_torch_gpu_us']:5.1f} | sum tilings "
+              + " ".join(f"{tuple(t['tiling'])}: {t['gpu_us']:.1f}" for t in row["dw_sum_tilings"]), flush=True)
         for v in sorted(timed, key=lambda v: v["with_dw_gpu_us"])[:6]:
             print(f"    {v['programs_per_sm']}/SM {v['tile_bytes']:>5} B {v['stages']} st: "
-                  f"dx {v['dx_only_gpu_us']:6.1f} with dw {v['with_dw_gpu_us']:6.1f}", flush=True)
+                  f"dx {v['dx_only_gpu_us']:6.1f} with dw {v['with_dw_gpu_us']:6.1f} "
+                  f"(rstd recomputed {v['with_dw_recomputed_gpu_us']:6.1f})", flush=True)
     write_json(args.out, {"environment": environment(), "dtype": "bfloat16", "rows": rows})
 
 

@@ -250,6 +250,32 @@ def test_residual_rms_norm_cpp_path_is_bit_identical_to_python_path(cpp_ready, m
 
 
 @requires_cuda
+@pytest.mark.parametrize("path", ["cpp", "python"])
+@pytest.mark.parametrize("residual", [False, True], ids=["rms_norm", "residual_rms_norm"])
+def test_forward_with_autograd_allocates_only_its_outputs(cpp_ready, monkeypatch, path, residual):
+    # Both eager autograd paths save no rstd (the backward recomputes it): recording the node allocates the
+    # outputs and nothing else. 64 rows of 1000 bfloat16 are whole 512-byte allocator blocks, so a float32 per
+    # row (256 bytes, one more block) would show.
+    triton_kernels = cpp_ready
+    if path == "python":
+        _python_path(monkeypatch, triton_kernels)
+    x, r = (torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    w = torch.randn(1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def norm():
+        if residual:
+            return triton_kernels.residual_rms_norm(x, r, w, eps=1e-6, offset=0.0, gemma=False)
+        return (triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False),)
+
+    norm()  # compiles the kernels and builds the launch plan outside the measurement
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    outputs = norm()
+    assert outputs[0].grad_fn.name().startswith(CPP_NODE) == (path == "cpp"), outputs[0].grad_fn.name()
+    assert torch.cuda.memory_allocated() - before == sum(o.numel() * o.element_size() for o in outputs)
+
+
+@requires_cuda
 def test_cpp_path_copies_a_misaligned_upstream_gradient(cpp_ready):
     # The backward kernel was compiled for 16-byte aligned gradients; a gradient that is an offset view of a
     # larger buffer must still give the right answer (the C++ backward copies it).

@@ -194,13 +194,18 @@ def test_gated_activation_even_and_ragged_lengths(kernels, rows):
     torch.testing.assert_close(up.grad, F.silu(gate.detach()), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rstd_source", ["saved", "recomputed"])
 @pytest.mark.parametrize(("programs_per_sm", "tile_bytes", "stages"),
                          [(1, 4096, 1), (2, 8192, 3), (4, 16384, 2), (8, 4096, 3)])
-def test_rms_norm_backward_launch_shapes_agree_with_float64(triton_kernels, programs_per_sm, tile_bytes, stages):
+def test_rms_norm_backward_launch_shapes_agree_with_float64(triton_kernels, programs_per_sm, tile_bytes, stages,
+                                                            rstd_source):
     # Every launch shape the tiling sweep tries must compute the same gradients: ragged row blocks (37 rows over
     # 1-64-row tiles and 4-32 programs), a width that is no power of two, the weight-gradient sum over any number
-    # of per-program rows. Float32 against a float64 autograd truth.
-    rows, cols, eps = 37, 200, 1e-6
+    # of per-program rows; with the forward's saved rstd (the torch.compile ops) or the rstd recomputed in the
+    # backward (the eager paths), whose rows past the end must not turn the weight gradient into NaN (on the GPU
+    # eps is 0, which makes their recomputed rstd infinite; Triton's interpreter raises on that division, so it
+    # gets 1e-6). Float32 against a float64 autograd truth.
+    rows, cols, eps = 37, 200, 0.0 if ON_GPU else 1e-6
     x = torch.randn(rows, cols, device=DEV) * 2 + 0.3
     w = torch.randn(cols, device=DEV) * 0.5 + 1.0
     dy = torch.randn(rows, cols, device=DEV)
@@ -211,11 +216,25 @@ def test_rms_norm_backward_launch_shapes_agree_with_float64(triton_kernels, prog
     tiling = triton_kernels._norm_backward_tiling(rows, cols, x.element_size(), x.get_device(),
                                                   programs_per_sm=programs_per_sm, tile_bytes=tile_bytes,
                                                   stages=stages)
-    dx, dw = triton_kernels.add_rms_norm_backward(dy, None, x, w, rstd, 0.0, False, want_dw=True, tiling=tiling)
+    if rstd_source == "recomputed":
+        dx, dw = triton_kernels.add_rms_norm_backward(dy, None, x, w, None, 0.0, False, want_dw=True, eps=eps,
+                                                      tiling=tiling)
+    else:
+        dx, dw = triton_kernels.add_rms_norm_backward(dy, None, x, w, rstd, 0.0, False, want_dw=True, tiling=tiling)
     assert tiling[3] > 1, "the shape should spread rows over several programs"
     torch.testing.assert_close(dx.double(), dx64, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(dw.double(), dw64, rtol=1e-4, atol=1e-4)
     assert dw.dtype == w.dtype and dw.shape == w.shape
+
+
+def test_rms_norm_backward_takes_exactly_one_rstd_source(triton_kernels):
+    x = torch.randn(4, 64, device=DEV)
+    w, dy = torch.ones(64, device=DEV), torch.randn(4, 64, device=DEV)
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
+    with pytest.raises(ValueError, match="either the saved rstd or the eps to recompute it, not both"):
+        triton_kernels.add_rms_norm_backward(dy, None, x, w, rstd, 0.0, False, want_dw=True, eps=1e-6)
+    with pytest.raises(ValueError, match="not neither"):
+        triton_kernels.add_rms_norm_backward(dy, None, x, w, None, 0.0, False, want_dw=True)
 
 
 class _FakeCompiled:

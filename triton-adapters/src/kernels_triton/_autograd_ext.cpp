@@ -3,7 +3,9 @@
 //
 // Why C++: the Python autograd.Function these replace costs 50-70 us of host time per backward in the autograd
 // engine's device thread on an H200 host (GIL, interpreter state moving between cores), more than the GPU time of
-// the whole layer below ~33M elements. Here a backward is three allocations and two cuLaunchKernel calls.
+// the whole layer below ~33M elements. Here a forward is one allocation and one cuLaunchKernel call, a backward
+// two of each: the forward saves no rstd (the backward kernel recomputes it from the saved input), and the input
+// gradient and the weight gradient's per-program partial rows share one allocation.
 //
 // Why a hand-written autograd Node rather than torch::autograd::Function: Function::apply and its CppNode wrap
 // every call in generic bookkeeping (a string-keyed map for the saved values, per-input VariableInfo, output
@@ -36,6 +38,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -153,7 +156,7 @@ struct Arg {
   static Arg of(double value) { return Arg{kFloat, 0, 0, value}; }
 };
 
-// The most arguments a kernel here takes (the residual backward: 10), with room to spare; the parameter slots
+// The most arguments a kernel here takes (the backward: 11), with room to spare; the parameter slots
 // live on the stack, since a launch happens once per layer per direction.
 constexpr size_t kMaxArgs = 14;
 
@@ -239,6 +242,28 @@ using torch::autograd::variable_list;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A contiguous ``sizes`` tensor of ``dtype`` over ``buffer``'s storage from ``byte_offset`` on (a multiple of the
+// dtype's size), made without a dispatcher call. The storage lives as long as any tensor over it does.
+at::Tensor typed_view(const at::Tensor& buffer, int64_t byte_offset, at::IntArrayRef sizes, at::ScalarType dtype) {
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(buffer.storage()), c10::DispatchKeySet(c10::DispatchKey::CUDA), c10::scalarTypeToTypeMeta(dtype));
+  c10::TensorImpl* impl = view.unsafeGetTensorImpl();
+  impl->set_storage_offset(byte_offset / static_cast<int64_t>(c10::elementSize(dtype)));
+  impl->set_sizes_contiguous(sizes);
+  return view;
+}
+
+// The input gradient (``like``'s shape and dtype) and the float32 [programs, n_cols] weight-gradient partials in one
+// allocation: one trip to the caching allocator instead of two per backward. The partials (at most a few MiB,
+// small beside the gradient) are freed with the gradient.
+std::pair<at::Tensor, at::Tensor> gradient_buffers(const at::Tensor& like, int64_t programs, int64_t n_cols) {
+  const int64_t gradient_bytes = like.numel() * static_cast<int64_t>(like.element_size());
+  const int64_t partial_offset = cdiv(gradient_bytes, 256) * 256;  // the float32 rows on an aligned boundary
+  at::Tensor buffer = at::empty({partial_offset + programs * n_cols * 4}, like.options().dtype(at::kByte));
+  return {typed_view(buffer, 0, like.sizes(), like.scalar_type()),
+          typed_view(buffer, partial_offset, {programs, n_cols}, at::kFloat)};
+}
+
 at::Tensor aligned(const at::Tensor& tensor) {
   // The backward kernels were compiled for 16-byte aligned contiguous gradients (all the caching allocator hands
   // out); an offset view takes a copy.
@@ -252,11 +277,12 @@ at::Tensor aligned(const at::Tensor& tensor) {
 // The backward of both norms. Its next edges are the forward's differentiable inputs: (x, weight) for RMSNorm,
 // (x, residual, weight) for the residual variant, whose normed input is the saved sum.
 struct NormBackward : public Node {
-  NormBackward(const NormCall& call, bool residual, int64_t n_rows, double offset)
+  NormBackward(const NormCall& call, bool residual, int64_t n_rows, double eps, double offset)
       : plan(call.plan),
         programs(call.programs),
         rows_per_program(call.rows_per_program),
         n_rows(n_rows),
+        eps(eps),
         offset(offset),
         residual(residual) {}
 
@@ -268,7 +294,6 @@ struct NormBackward : public Node {
     std::lock_guard<std::mutex> lock(mutex_);
     normed_input.reset_data();
     weight.reset_data();
-    rstd.reset_data();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -291,20 +316,19 @@ struct NormBackward : public Node {
     const bool want_dw = task_should_compute_output(weight_slot);
     at::Tensor s = normed_input.unpack(getptr());
     at::Tensor w = weight.unpack();
-    at::Tensor inv_rms = rstd.unpack();
     const int64_t n_cols = s.size(-1);
     at::Tensor dy = aligned(dy_in);
     const bool has_ds = ds_in.defined();
     at::Tensor ds = has_ds ? aligned(ds_in) : dy;
-    at::Tensor dx = at::empty_like(s);
-    at::Tensor partial = at::empty({programs, n_cols}, s.options().dtype(at::kFloat));
+    auto [dx, partial] = gradient_buffers(s, programs, n_cols);
     const Kernel& kernel = has_ds ? plan->backward_with_sum : plan->backward;
     if (!kernel.loaded()) {
       fail("no backward kernel loaded for this plan");
     }
+    // The kernel recomputes each row's rstd: its RSTD slot gets dy, never read.
     kernel.launch(programs,
-                  {Arg::of(dy), Arg::of(ds), Arg::of(s), Arg::of(w), Arg::of(inv_rms), Arg::of(dx), Arg::of(partial),
-                   Arg::of(n_rows), Arg::of(offset), Arg::of(rows_per_program)},
+                  {Arg::of(dy), Arg::of(ds), Arg::of(s), Arg::of(w), Arg::of(dy), Arg::of(dx), Arg::of(partial),
+                   Arg::of(n_rows), Arg::of(eps), Arg::of(offset), Arg::of(rows_per_program)},
                   s.device());
     if (want_dw) {
       at::Tensor dw = at::empty(w.sizes(), w.options());
@@ -325,11 +349,11 @@ struct NormBackward : public Node {
   int64_t programs;
   int64_t rows_per_program;
   int64_t n_rows;
+  double eps;
   double offset;
   bool residual;
   SavedVariable normed_input;  // x, or the residual variant's sum (an output of this node)
   SavedVariable weight;
-  SavedVariable rstd;
 };
 
 // PyTorch holds autograd nodes by std::shared_ptr up to some release and by c10::intrusive_ptr after it; the edge
@@ -362,10 +386,10 @@ void check_inputs(const at::Tensor& x, const at::Tensor& weight, const NormCall&
 // Records the backward node for the outputs when autograd needs one; ``saved`` is what the backward normalises
 // (x itself, or the residual variant's sum, an output), the outputs get the node as their history.
 template <typename... Inputs>
-void record_backward(const NormCall& call, bool residual, int64_t n_rows, double offset, const at::Tensor& saved,
-                     bool saved_is_output, const at::Tensor& weight, const at::Tensor& rstd,
+void record_backward(const NormCall& call, bool residual, int64_t n_rows, double eps, double offset,
+                     const at::Tensor& saved, bool saved_is_output, const at::Tensor& weight,
                      std::initializer_list<at::Tensor> outputs, const Inputs&... inputs) {
-  auto node = make_node<NormBackward>(call, residual, n_rows, offset);
+  auto node = make_node<NormBackward>(call, residual, n_rows, eps, offset);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs...));
   for (const at::Tensor& output : outputs) {
     torch::autograd::set_history(output, node);
@@ -373,7 +397,6 @@ void record_backward(const NormCall& call, bool residual, int64_t n_rows, double
   // After set_history: a saved output refers to its node weakly, which needs the node set first.
   node->normed_input = SavedVariable(saved, saved_is_output);
   node->weight = SavedVariable(weight, false);
-  node->rstd = SavedVariable(rstd, false);
 }
 
 }  // namespace
@@ -383,18 +406,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   const bool needs_grad = torch::autograd::compute_requires_grad(x, weight);
   const int64_t n_rows = x.numel() / x.size(-1);
   at::Tensor y;
-  at::Tensor rstd;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     y = at::empty_like(x);
-    rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
+    // The forward kernel was compiled to store no rstd: its RSTD slot gets y, never written.
     call.plan->forward.launch(call.forward_grid,
-                              {Arg::of(x), Arg::of(weight), Arg::of(y), Arg::of(rstd), Arg::of(n_rows), Arg::of(eps),
+                              {Arg::of(x), Arg::of(weight), Arg::of(y), Arg::of(y), Arg::of(n_rows), Arg::of(eps),
                                Arg::of(offset)},
                               x.device());
   }
   if (needs_grad) {
-    record_backward(call, false, n_rows, offset, x, false, weight, rstd, {y}, x, weight);
+    record_backward(call, false, n_rows, eps, offset, x, false, weight, {y}, x, weight);
   }
   return y;
 }
@@ -409,20 +431,18 @@ std::vector<at::Tensor> residual_rms_norm(const at::Tensor& x, const at::Tensor&
   const int64_t n_rows = x.numel() / x.size(-1);
   at::Tensor y;
   at::Tensor s;
-  at::Tensor rstd;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     y = at::empty_like(x);
     s = at::empty_like(x);
-    rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
     call.plan->forward.launch(call.forward_grid,
-                              {Arg::of(x), Arg::of(residual), Arg::of(weight), Arg::of(y), Arg::of(s), Arg::of(rstd),
+                              {Arg::of(x), Arg::of(residual), Arg::of(weight), Arg::of(y), Arg::of(s), Arg::of(y),
                                Arg::of(n_rows), Arg::of(eps), Arg::of(offset)},
                               x.device());
   }
   if (needs_grad) {
     // The sum is an output the layer keeps as its next residual: saving it costs no memory.
-    record_backward(call, true, n_rows, offset, s, true, weight, rstd, {y, s}, x, residual, weight);
+    record_backward(call, true, n_rows, eps, offset, s, true, weight, {y, s}, x, residual, weight);
   }
   return {y, s};
 }

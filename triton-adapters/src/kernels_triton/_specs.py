@@ -79,12 +79,12 @@ LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
 # the memory-bound kinds where Liger's host-side costs dominate at transformer sizes (the residual add + RMSNorm
 # kernel, a decoder layer's add and post-attention norm in one pass, has no Liger adapter here). Under
 # torch.compile they are traced as torch.library custom ops (``_triton_ops``): opaque to Inductor, saving what
-# they save eagerly.
+# they save eagerly plus one float32 rstd per row.
 _TRITON = Supports.BACKWARD | Supports.TORCH_COMPILE
 TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rms_norm": AdapterEntry(
         "rms_norm", ("standard", "offset"), f"{_PKG}._triton:rms_norm", _TRITON,
-        "Triton RMSNorm, one launch per direction (llama/gemma casting; saves x and a float32 rstd per row)",
+        "Triton RMSNorm, one launch per direction (llama/gemma casting; saves only x: the backward recomputes rstd)",
     ),
     "silu_gated_mlp": AdapterEntry(
         "silu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:silu_mul", _TRITON,
@@ -100,7 +100,7 @@ TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
     ),
     "residual_rms_norm": AdapterEntry(
         "residual_rms_norm", ("standard", "offset"), f"{_PKG}._triton:residual_rms_norm", _TRITON,
-        "Triton residual add + RMSNorm, one launch per direction (saves the sum and a float32 rstd per row)",
+        "Triton residual add + RMSNorm, one launch per direction (saves the sum only, the next residual)",
     ),
 }
 

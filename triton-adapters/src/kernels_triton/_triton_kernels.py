@@ -6,9 +6,10 @@ Why not only Liger's: measured on an H200 (``benchmarks/results/cuda-rmsnorm-h20
 ``F.rms_norm`` reaches 85% of copy bandwidth between 16M and 67M elements. These kernels keep the Python side
 to one launch per direction (the RMSNorm backward adds a second, small one that sums the weight gradient's
 per-program rows; grid and block sizes cached per shape), compute in float32, and save for backward
-only what the gradient needs (RMSNorm: the input and one float32 ``rstd`` per row; residual add + RMSNorm: the sum,
-which is the next residual and kept anyway, and the ``rstd``; gated activations: gate and up; RoPE: nothing but
-the ``cos``/``sin`` it was given).
+only what the gradient needs (RMSNorm: the input, the backward recomputing each row's rstd; residual add +
+RMSNorm: the sum, which is the next residual and kept anyway; gated activations: gate and up; RoPE: nothing but
+the ``cos``/``sin`` it was given). The ``torch.compile`` custom ops (:mod:`kernels_triton._triton_ops`) save one
+float32 rstd per row besides.
 
 This module imports Triton at import time; adapters import it lazily, only for GPU tensors.
 """
@@ -264,33 +265,37 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, offset, gemma):
-        y, rstd = rms_norm_forward(x, weight, eps, offset, gemma, store_rstd=True)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.offset, ctx.gemma = offset, gemma
+        # Saves the input only: the backward recomputes the rows' rstd (see _add_rms_norm_bwd_kernel).
+        y, _ = rms_norm_forward(x, weight, eps, offset, gemma, store_rstd=False)
+        ctx.save_for_backward(x, weight)
+        ctx.eps, ctx.offset, ctx.gemma = eps, offset, gemma
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_backward(dy, x, weight, rstd, ctx.offset, ctx.gemma, want_dw=ctx.needs_input_grad[1])
+        x, weight = ctx.saved_tensors
+        dx, dw = rms_norm_backward(dy, x, weight, None, ctx.offset, ctx.gemma, want_dw=ctx.needs_input_grad[1],
+                                   eps=ctx.eps)
         return dx, dw, None, None, None
 
 
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
-                      gemma: bool, *, want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gradients of the input and (if ``want_dw``) of the weight, from the saved contiguous input and its rstd.
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None,
+                      offset: float, gemma: bool, *, want_dw: bool,
+                      eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients of the input and (if ``want_dw``) of the weight, from the saved contiguous input and either its
+    saved rstd or (``rstd=None``) the forward's ``eps``, to recompute it.
 
     The fused residual kernel's backward with no gradient reaching the sum directly is exactly this.
     """
-    return add_rms_norm_backward(dy, None, x, weight, rstd, offset, gemma, want_dw=want_dw)
+    return add_rms_norm_backward(dy, None, x, weight, rstd, offset, gemma, want_dw=want_dw, eps=eps)
 
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
              gemma: bool) -> torch.Tensor:
     """RMSNorm over the last dimension; output in the input dtype. Callers check the supported cases.
 
-    Without autograd (inference, ``no_grad``) the kernel runs directly and stores no ``rstd``. A contiguous input
-    is read in place and the output has its shape: no reshapes on the way (each costs host time per call).
+    Without autograd (inference, ``no_grad``) the kernel runs directly. A contiguous input is read in place
+    and the output has its shape: no reshapes on the way (each costs host time per call).
     """
     x = hidden_states.contiguous()  # the tensor itself when it already is
     if torch.is_grad_enabled() and (hidden_states.requires_grad or weight.requires_grad):
@@ -325,14 +330,21 @@ def _add_rms_norm_fwd_kernel(
                     GEMMA, HAS_OFFSET, STORE_RSTD)
 
 
+@triton.jit
+def _add_pairs(a_sum, b_sum, a, b):
+    return a_sum + a, b_sum + b
+
+
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _add_rms_norm_bwd_kernel(
-    DY, DS, S, W, RSTD, DX, DW_PARTIAL, n_rows, offset, rows_per_program, N_COLS: tl.constexpr,
-    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    DY, DS, S, W, RSTD, DX, DW_PARTIAL, n_rows, eps, offset, rows_per_program, N_COLS: tl.constexpr,
+    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_DS: tl.constexpr, RECOMPUTE_RSTD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     # The RMSNorm backward over the saved sum, plus the gradient reaching the sum directly (the layer's final
     # residual add): dx = d_norm(dy) + ds, which is also the residual's gradient. One rounding, in float32.
+    # RECOMPUTE_RSTD: the rows' rstd from the saved input (a row sum over registers already loaded) instead of a
+    # saved float32 per row, so the forward allocates and saves nothing but its output.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N_COLS
@@ -343,7 +355,10 @@ def _add_rms_norm_bwd_kernel(
         scale = (w.to(tl.float32) + offset).to(W.dtype.element_ty).to(tl.float32)
     else:
         scale = w.to(tl.float32)
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # The weight gradient accumulates per row and is summed over rows once at the end: a sum over the tile's
+    # rows at every step would cross warps (shared memory and a barrier per tile), which narrow rows (many per
+    # tile) pay most.
+    dw_rows = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
     # STAGES > 1 lets the compiler prefetch the next rows' loads while this tile computes (each program walks
@@ -355,46 +370,57 @@ def _add_rms_norm_bwd_kernel(
         offs = rows.to(tl.int64)[:, None] * N_COLS + cols[None, :]
         s = tl.load(S + offs, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        g = dy * scale[None, :]
+        if RECOMPUTE_RSTD:
+            # Both row sums in one reduction, neither waiting for the other: the sum of squares gives the rstd
+            # as the forward computes it, sum(g * s) the projection term once the rstd is known. Rows past the
+            # end get an rstd of 0, not rsqrt(eps) (infinite when eps is 0).
+            sum_sq, sum_gs = tl.reduce((s * s, g * s), 1, _add_pairs)
+            rstd = tl.where(row_mask, tl.rsqrt(sum_sq / N_COLS + eps), 0.0)
+        else:
+            sum_gs = tl.sum(g * s, axis=1)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
         shat = s * rstd[:, None]
         if GEMMA:
-            dw += tl.sum(dy * shat, axis=0)
+            dw_rows += dy * shat
         else:
-            dw += tl.sum(dy * shat.to(S.dtype.element_ty).to(tl.float32), axis=0)
-        g = dy * scale[None, :]
-        c = tl.sum(g * shat, axis=1) / N_COLS
+            dw_rows += dy * shat.to(S.dtype.element_ty).to(tl.float32)
+        c = rstd * sum_gs / N_COLS  # the mean of g * shat
         dx = (g - shat * c[:, None]) * rstd[:, None]
         if HAS_DS:
             dx += tl.load(DS + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, dw, mask=col_mask)
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * N_COLS + cols, tl.sum(dw_rows, axis=0), mask=col_mask)
 
 
 @triton.jit(do_not_specialize=["n_partials"])
 def _sum_partials_kernel(PARTIAL, OUT, n_partials, N_COLS: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK_C: tl.constexpr):
+                         BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
     # Column sums of the backward's per-program float32 weight-gradient rows, in a fixed order (deterministic),
     # rounded once to the weight's dtype: one launch where ``partial.sum(0).to(dtype)`` is two ops.
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < N_COLS
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(0, n_partials, BLOCK_P):
+    # Latency-bound (a few hundred rows, a few loads per program): STAGES > 1 issues the next loads early.
+    for start in tl.range(0, n_partials, BLOCK_P, num_stages=STAGES):
         rows = start + tl.arange(0, BLOCK_P)
         mask = (rows < n_partials)[:, None] & col_mask[None, :]
         acc += tl.load(PARTIAL + rows.to(tl.int64)[:, None] * N_COLS + cols[None, :], mask=mask, other=0.0)
     tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_mask)
 
 
-# The backward's launch shape, from the H200 sweep (benchmarks/results/cuda-rmsnorm-tiling-h200.json, GPU time
-# with the weight-gradient sum, us): 2 programs per SM, 8 KiB tiles, 3 pipeline stages is within 3% of each
-# shape's best from 8M to 67M elements (16384x1024: 34.4 vs 43.6 without pipelining; 4096x4096: 34.4 vs 40.6;
-# 8192x8192: 111 vs 145); rows of 256 or fewer take 4 programs per SM (131072x128: 38.9 vs 42.6).
+# The backward's launch shape, from the H200 sweeps (GPU time with the weight-gradient sum, us): 2 programs per
+# SM, 8 KiB tiles, 3 pipeline stages is within 4% of each shape's best from 8M to 67M elements
+# (benchmarks/results/cuda-rmsnorm-tiling-h200.json: 16384x1024 34.4 vs 43.6 without pipelining, 8192x8192 111
+# vs 145). Since the weight gradient accumulates per row (cuda-rmsnorm-tiling-h200-row-accumulator.json) that
+# holds for rows of 128 too (131072x128: 34.7, best 33.7; 4 programs per SM, the earlier choice there: 39.4).
 BACKWARD_PROGRAMS_PER_SM = 2
-BACKWARD_NARROW_PROGRAMS_PER_SM = 4
 BACKWARD_TILE_BYTES = 8192
 BACKWARD_STAGES = 3
-_NARROW_COLS = 256
-_SUM_BLOCK_P, _SUM_BLOCK_C = 32, 32
+# The weight-gradient sum's launch shape: (BLOCK_P rows, BLOCK_C columns, pipeline stages, warps). The sum is
+# latency-bound (a few hundred partial rows): 128-row steps, 16 columns per program and pipelined loads take
+# 2.6-3.9 us where 32 x 32 unpipelined took 5.0-7.5 (same sweep, 8M-16M elements, rows of 128-4096).
+SUM_TILING = (128, 16, 3, 4)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -406,8 +432,7 @@ def _norm_backward_tiling(n_rows: int, n_cols: int, element_size: int, device_in
     sum afterwards instead of atomics (deterministic).
     """
     block_m, block_n, num_warps = _norm_tiling(n_cols, element_size, tile_bytes or BACKWARD_TILE_BYTES)
-    per_sm = programs_per_sm or (BACKWARD_NARROW_PROGRAMS_PER_SM if n_cols <= _NARROW_COLS
-                                 else BACKWARD_PROGRAMS_PER_SM)
+    per_sm = programs_per_sm or BACKWARD_PROGRAMS_PER_SM
     programs = max(1, min(per_sm * _sm_count(device_index), _cdiv(n_rows, block_m)))
     rows_per_program = _cdiv(_cdiv(n_rows, programs), block_m) * block_m
     return (block_m, block_n, num_warps, _cdiv(n_rows, rows_per_program), rows_per_program,
@@ -436,14 +461,19 @@ def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
 
 
 def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor,
-                          rstd: torch.Tensor, offset: float, gemma: bool, *, want_dw: bool,
+                          rstd: torch.Tensor | None, offset: float, gemma: bool, *, want_dw: bool,
+                          eps: float | None = None,
                           tiling: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gradient of the sum's inputs (the same for the attention output and the residual) and of the weight.
 
     ``s`` is the saved contiguous sum (any rank), ``dy`` the gradient of the normalised output, ``ds`` that of
-    the sum itself (None: zero); the input gradient has ``s``'s shape. ``tiling`` overrides the launch shape
-    (:func:`_norm_backward_tiling`; benchmarks sweep it).
+    the sum itself (None: zero); the input gradient has ``s``'s shape. The rows' rstd is either the forward's
+    saved ``rstd`` or, with ``rstd=None``, recomputed from ``s`` with the forward's ``eps``. ``tiling``
+    overrides the launch shape (:func:`_norm_backward_tiling`; benchmarks sweep it).
     """
+    if (rstd is None) == (eps is None):
+        raise ValueError("add_rms_norm_backward takes either the saved rstd or the eps to recompute it, not "
+                         f"{'both' if rstd is not None else 'neither'}")
     n_cols = s.shape[-1]
     n_rows = s.numel() // n_cols
     dy = dy.contiguous()
@@ -453,8 +483,9 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
         n_rows, n_cols, s.element_size(), s.get_device())
     partial = s.new_empty((programs, n_cols), dtype=torch.float32)
     _launch_add_rms_norm_bwd(
-        programs, dy, ds if ds is not None else dy, s, weight, rstd, dx, partial, n_rows, offset, rows_per_program,
-        n_cols, gemma, offset != 0.0, ds is not None, block_m, block_n, stages, num_warps=num_warps,
+        programs, dy, ds if ds is not None else dy, s, weight, rstd if rstd is not None else dy, dx, partial, n_rows,
+        0.0 if eps is None else eps, offset, rows_per_program, n_cols, gemma, offset != 0.0, ds is not None,
+        rstd is None, block_m, block_n, stages, num_warps=num_warps,
     )
     if not want_dw:
         return dx, None
@@ -463,33 +494,37 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
     return dx, dw
 
 
-def sum_partial_rows(partial: torch.Tensor, out: torch.Tensor) -> None:
+def sum_partial_rows(partial: torch.Tensor, out: torch.Tensor, *,
+                     tiling: tuple[int, int, int, int] | None = None) -> None:
     """``out[:] = partial.sum(0)`` in ``out``'s dtype, one launch: the backward's per-program weight-gradient rows.
 
-    ``partial`` is a contiguous float32 ``[programs, n_cols]``, ``out`` a contiguous ``[n_cols]``.
+    ``partial`` is a contiguous float32 ``[programs, n_cols]``, ``out`` a contiguous ``[n_cols]``; ``tiling``
+    overrides :data:`SUM_TILING` (benchmarks sweep it).
     """
     programs, n_cols = partial.shape
-    _launch_sum_partials(_cdiv(n_cols, _SUM_BLOCK_C), partial, out, programs, n_cols, _SUM_BLOCK_P, _SUM_BLOCK_C,
-                         num_warps=4)
+    block_p, block_c, stages, num_warps = tiling or SUM_TILING
+    _launch_sum_partials(_cdiv(n_cols, block_c), partial, out, programs, n_cols, block_p, block_c, stages,
+                         num_warps=num_warps)
 
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, r, weight, eps, offset, gemma):
-        y, s, rstd = add_rms_norm_forward(x, r, weight, eps, offset, gemma, store_rstd=True)
-        # The sum is an output the caller keeps anyway (it is the next residual): saving it costs no memory.
-        ctx.save_for_backward(s, weight, rstd)
-        ctx.offset, ctx.gemma = offset, gemma
+        y, s, _ = add_rms_norm_forward(x, r, weight, eps, offset, gemma, store_rstd=False)
+        # The sum is an output the caller keeps anyway (it is the next residual): saving it costs no memory. The
+        # backward recomputes the rows' rstd from it.
+        ctx.save_for_backward(s, weight)
+        ctx.eps, ctx.offset, ctx.gemma = eps, offset, gemma
         ctx.set_materialize_grads(False)
         return y, s
 
     @staticmethod
     def backward(ctx, dy, ds):
-        s, weight, rstd = ctx.saved_tensors
+        s, weight = ctx.saved_tensors
         need_x, need_r, need_w = ctx.needs_input_grad[:3]
         if dy is None:  # the normalised output was not used: only the sum's gradient flows, unchanged
             return ds if need_x else None, ds if need_r else None, None, None, None, None
-        dx, dw = add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma, want_dw=need_w)
+        dx, dw = add_rms_norm_backward(dy, ds, s, weight, None, ctx.offset, ctx.gemma, want_dw=need_w, eps=ctx.eps)
         return dx if need_x else None, dx if need_r else None, dw, None, None, None
 
 
@@ -498,7 +533,7 @@ def residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weigh
     """``(rms_norm(residual + hidden_states), residual + hidden_states)`` in one launch per direction.
 
     Same-shape, same-dtype inputs; outputs in that dtype. Callers check the supported cases. Saves the sum (which
-    the caller keeps as the next residual anyway) and one float32 ``rstd`` per row; under ``no_grad`` nothing.
+    the caller keeps as the next residual anyway); under ``no_grad`` nothing.
     """
     x, r = hidden_states.contiguous(), residual.contiguous()
     if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
@@ -541,20 +576,23 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
     element_size = dtype.itemsize
     block_m, block_n, num_warps = _norm_tiling(n_cols, element_size)
     if residual:
-        forward = (_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, f32))
+        forward = (_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, dtype))
     else:
-        forward = (_rms_norm_fwd_kernel, (dtype, weight_dtype, dtype, f32))
-    scalars = (2, 1e-6, 0.5, n_cols, gemma, has_offset, True, block_m, block_n)
+        forward = (_rms_norm_fwd_kernel, (dtype, weight_dtype, dtype, dtype))
+    # As the eager autograd path launches them: the forward stores no rstd (its RSTD slot gets the output), the
+    # backward recomputes it (its RSTD slot gets dy).
+    scalars = (2, 1e-6, 0.5, n_cols, gemma, has_offset, False, block_m, block_n)
     kernels = {"forward": _cpp_kernel(extension, forward[0], forward[1] + scalars, num_warps)}
     bwd_m, bwd_n, bwd_warps, _, _, stages = _norm_backward_tiling(1, n_cols, element_size, device)
     for name, has_ds in (("backward", False), ("backward_with_sum", True)):
         if has_ds and not residual:
             continue
-        args = (dtype, dtype, dtype, weight_dtype, f32, dtype, f32, 2, 0.5, 2, n_cols, gemma, has_offset, has_ds,
-                bwd_m, bwd_n, stages)
+        args = (dtype, dtype, dtype, weight_dtype, dtype, dtype, f32, 2, 1e-6, 0.5, 2, n_cols, gemma, has_offset,
+                has_ds, True, bwd_m, bwd_n, stages)
         kernels[name] = _cpp_kernel(extension, _add_rms_norm_bwd_kernel, args, bwd_warps)
+    sum_p, sum_c, sum_stages, sum_warps = SUM_TILING
     kernels["sum_partials"] = _cpp_kernel(extension, _sum_partials_kernel,
-                                          (f32, weight_dtype, 2, n_cols, _SUM_BLOCK_P, _SUM_BLOCK_C), 4)
+                                          (f32, weight_dtype, 2, n_cols, sum_p, sum_c, sum_stages), sum_warps)
     if any(kernel is None for kernel in kernels.values()):
         logger.info("kernels-triton: a norm kernel's launch is not one the C++ autograd extension reproduces; "
                     "Python autograd for %s", kernels)
@@ -562,7 +600,7 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
     plan = extension.NormPlan()
     for name, kernel in kernels.items():
         setattr(plan, name, kernel)
-    plan.sum_block_columns = _SUM_BLOCK_C
+    plan.sum_block_columns = sum_c
     return plan
 
 
