@@ -70,7 +70,7 @@ def test_residual_gradient_counts_when_only_the_residual_needs_it(chosen):
 def test_traced_calls_take_the_native_math_at_every_size(chosen, monkeypatch, grad):
     # Under torch.compile Inductor fuses the native math with its neighbours (measured faster than the Triton
     # kernel as a custom op), so the size thresholds do not apply there.
-    monkeypatch.setattr(_ops, "tracing", lambda: True)
+    monkeypatch.setattr(_ops, "is_compiling", lambda: True)
     _call(65536, 4096, grad=grad)
     assert chosen == ["native"]
 
@@ -79,6 +79,6 @@ def test_traced_calls_take_the_native_math_at_every_size(chosen, monkeypatch, gr
 def test_traced_residual_calls_defer_to_the_triton_adapter(chosen, monkeypatch, grad):
     # While Dynamo traces, the Triton adapter itself picks (its custom op in training graphs, native math for
     # inference), at every size.
-    monkeypatch.setattr(_ops, "tracing", lambda: True)
+    monkeypatch.setattr(_ops, "is_compiling", lambda: True)
     _call(8, 64, grad=grad, residual=True)
     assert chosen == ["triton"]

@@ -124,8 +124,9 @@ def test_source_builds_against_this_torch_and_validates_argument_letters():
         module.NormCall(plan, forward_grid=1, programs=0, rows_per_program=1)
     call = module.NormCall(plan, forward_grid=3, programs=2, rows_per_program=5)
     assert (call.forward_grid, call.programs, call.rows_per_program) == (3, 2, 5)
-    # Inputs are checked before anything is launched.
-    with pytest.raises(RuntimeError, match="expected a contiguous CUDA input"):
+    # Inputs are checked before anything is launched: a CPU input can never be right (Python keeps no entry for
+    # CPU signatures), so it is an error rather than a declined call.
+    with pytest.raises(RuntimeError, match="expected a CUDA input, got one on cpu"):
         module.rms_norm(torch.ones(2, 64), torch.ones(64), 1e-6, 0.0, call)
 
 
@@ -181,7 +182,7 @@ def cpp_ready():
 
 
 def _python_path(monkeypatch, triton_kernels):
-    monkeypatch.setattr(triton_kernels, "cpp_path_open", lambda *args: False)
+    monkeypatch.setattr(triton_kernels, "cpp_path_usable", lambda: False)
 
 
 def _run(fn, inputs, grads):
@@ -295,6 +296,42 @@ def test_cpp_path_copies_a_misaligned_upstream_gradient(cpp_ready):
 
 
 @requires_cuda
+def test_extension_declines_inputs_its_kernels_do_not_take(cpp_ready):
+    # Python looks a call's entry up by shape, dtypes and device; the extension checks the rest per call and returns
+    # None (the caller then takes the Python path) instead of launching kernels compiled for dense, 16-byte
+    # aligned tensors on memory they would misread.
+    triton_kernels = cpp_ready
+    x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    norm, call = triton_kernels.cpp_norm_entry(False, x.shape, x.dtype, w.dtype, False, False, x.get_device())
+    residual_norm, residual_call = triton_kernels.cpp_norm_entry(True, x.shape, x.dtype, w.dtype, False, False,
+                                                                 x.get_device())
+    assert norm(x, w, 1e-6, 0.0, call) is not None
+    assert residual_norm(x, x, w, 1e-6, 0.0, residual_call) is not None
+    misaligned = torch.randn(6 * 512 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(6, 512)
+    transposed = torch.randn(512, 6, device="cuda", dtype=torch.bfloat16).t()
+    declined = {
+        "misaligned input": (misaligned, w),
+        "non-contiguous input": (transposed, w),
+        "weight of another width": (x, torch.ones(256, device="cuda", dtype=torch.bfloat16)),
+        "strided weight": (x, torch.ones(1024, device="cuda", dtype=torch.bfloat16)[::2]),
+        "misaligned weight": (x, torch.ones(513, device="cuda", dtype=torch.bfloat16)[1:]),
+    }
+    for what, (inputs, weight) in declined.items():
+        assert norm(inputs, weight, 1e-6, 0.0, call) is None, what
+    residuals = {
+        "misaligned residual": misaligned,
+        "non-contiguous residual": transposed,
+        "residual of another shape": torch.randn(3, 512, device="cuda", dtype=torch.bfloat16),
+        "residual of another dtype": torch.randn(6, 512, device="cuda", dtype=torch.float32),
+    }
+    for what, residual in residuals.items():
+        assert residual_norm(x, residual, w, 1e-6, 0.0, residual_call) is None, what
+    with pytest.raises(RuntimeError, match="expected a CUDA input, got one on cpu"):
+        norm(x.detach().cpu(), w.detach().cpu(), 1e-6, 0.0, call)
+
+
+@requires_cuda
 def test_cpp_path_steps_aside_for_launch_hooks_and_misaligned_inputs(cpp_ready, monkeypatch):
     triton_kernels = cpp_ready
     w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -369,6 +406,12 @@ def test_kernelized_path_takes_the_cpp_node_and_keeps_the_current_device(cpp_rea
         assert out.grad_fn.name().startswith(CPP_NODE), out.grad_fn.name()
         assert torch.equal(out, expected)
         assert torch.cuda.current_device() == before
+    # Same signature, but an input the extension declines (misaligned): the Python node, the same values.
+    misaligned = torch.randn(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view(x.shape).requires_grad_(True)
+    out = _triton.eager_rms_norm(misaligned, w, eps=1e-6, offset=0.0, casting="llama")
+    assert not out.grad_fn.name().startswith(CPP_NODE), out.grad_fn.name()
+    aligned = misaligned.detach().clone().requires_grad_(True)
+    assert torch.equal(out, _triton.eager_rms_norm(aligned, w, eps=1e-6, offset=0.0, casting="llama"))
 
 
 def test_cpu_calls_never_start_the_build(fresh_state):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from kernels_triton import _native
 from kernels_triton import _triton
-from kernels_triton._compile import tracing
+from torch.compiler import is_compiling
 
 
 __all__ = [
@@ -63,7 +63,8 @@ def rms_norm(
         >>> rms_norm(torch.randn(4, 64), torch.ones(64), eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([4, 64])
     """
-    if not tracing() and _triton_wins(hidden_states, weight):
+    # is_compiling itself, not kernels_triton's tracing() wrapper: one Python frame less, once per layer and step.
+    if not is_compiling() and _triton_wins(hidden_states, weight):
         return _triton.eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
 
@@ -86,7 +87,7 @@ def residual_rms_norm(
         >>> torch.equal(new_residual, residual + x)
         True
     """
-    if tracing():
+    if is_compiling():
         return _triton.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
     if _triton_wins(hidden_states, weight, residual):
         return _triton.eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,

@@ -35,6 +35,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -373,14 +374,22 @@ auto make_node(Args&&... args) {
   }
 }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& weight, const NormCall& call) {
+bool aligned_16(const at::Tensor& tensor) { return reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 16 == 0; }
+
+// Whether the compiled kernels take these tensors as they are: contiguous, 16-byte aligned (what they were
+// compiled for), the weight of the input's width on its device. Python looks a call's NormCall up by the input's
+// shape, dtypes and device only and leaves these per-call conditions to this check (nanoseconds here, a
+// microsecond or more as Python attribute calls); a call that fails it is declined (None) and takes the Python
+// path. A call that could never be right (no plan, a CPU input) is an error.
+bool takes(const at::Tensor& x, const at::Tensor& weight, const NormCall& call) {
   if (!call.plan) {
     fail("NormCall has no plan");
   }
-  if (!x.is_cuda() || !x.is_contiguous() || !weight.is_contiguous() || x.dim() == 0 ||
-      weight.numel() != x.size(-1)) {
-    fail("expected a contiguous CUDA input and a contiguous weight of its last dimension's size");
+  if (!x.is_cuda()) {
+    fail("expected a CUDA input, got one on " + x.device().str());
   }
+  return x.dim() > 0 && x.is_contiguous() && weight.is_contiguous() && weight.device() == x.device() &&
+         weight.numel() == x.size(-1) && aligned_16(x) && aligned_16(weight);
 }
 
 // Records the backward node for the outputs when autograd needs one; ``saved`` is what the backward normalises
@@ -401,8 +410,11 @@ void record_backward(const NormCall& call, bool residual, int64_t n_rows, double
 
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset, const NormCall& call) {
-  check_inputs(x, weight, call);
+std::optional<at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset,
+                                   const NormCall& call) {
+  if (!takes(x, weight, call)) {
+    return std::nullopt;
+  }
   const bool needs_grad = torch::autograd::compute_requires_grad(x, weight);
   const int64_t n_rows = x.numel() / x.size(-1);
   at::Tensor y;
@@ -421,11 +433,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   return y;
 }
 
-std::vector<at::Tensor> residual_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                                          double eps, double offset, const NormCall& call) {
-  check_inputs(x, weight, call);
-  if (!residual.is_contiguous() || residual.sizes() != x.sizes()) {
-    fail("expected a contiguous residual of the input's shape");
+std::optional<std::vector<at::Tensor>> residual_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                         const at::Tensor& weight, double eps, double offset,
+                                                         const NormCall& call) {
+  if (!takes(x, weight, call) || !residual.is_contiguous() || residual.sizes() != x.sizes() ||
+      residual.device() != x.device() || residual.scalar_type() != x.scalar_type() || !aligned_16(residual)) {
+    return std::nullopt;
   }
   const bool needs_grad = torch::autograd::compute_requires_grad(x, residual, weight);
   const int64_t n_rows = x.numel() / x.size(-1);
@@ -444,7 +457,7 @@ std::vector<at::Tensor> residual_rms_norm(const at::Tensor& x, const at::Tensor&
     // The sum is an output the layer keeps as its next residual: saving it costs no memory.
     record_backward(call, true, n_rows, eps, offset, s, true, weight, {y, s}, x, residual, weight);
   }
-  return {y, s};
+  return std::vector<at::Tensor>{y, s};
 }
 
 Kernel make_kernel(uint64_t function, int64_t threads, int64_t shared_bytes, const std::string& arg_types) {
@@ -491,7 +504,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       .def_readonly("forward_grid", &NormCall::forward_grid)
       .def_readonly("programs", &NormCall::programs)
       .def_readonly("rows_per_program", &NormCall::rows_per_program);
-  module.def("rms_norm", &rms_norm, "RMSNorm forward recording a C++ autograd node (see the file's header)");
+  module.def("rms_norm", &rms_norm,
+             "RMSNorm forward recording a C++ autograd node (see the file's header); None: inputs declined");
   module.def("residual_rms_norm", &residual_rms_norm,
-             "Residual add + RMSNorm forward recording a C++ autograd node; returns [normed, sum]");
+             "Residual add + RMSNorm forward recording a C++ autograd node; returns [normed, sum], or None: inputs "
+             "declined");
 }

@@ -64,7 +64,7 @@ def rms_norm(
 ) -> torch.Tensor:
     """RMSNorm (standard and offset, Llama and Gemma casting) with one Triton launch per direction.
 
-    Saves the input and one float32 ``rstd`` per row for backward; under ``no_grad`` it stores nothing.
+    Saves the input for backward (the backward recomputes each row's rstd); under ``no_grad`` it stores nothing.
 
     Example:
         >>> x, w = torch.randn(4, 64), torch.ones(64)   # CPU tensors take the native path
@@ -125,7 +125,7 @@ def residual_rms_norm(
     """A decoder layer's residual add and the RMSNorm after it, one Triton launch per direction.
 
     Returns ``(rms_norm(residual + hidden_states), residual + hidden_states)``. Saves the sum (the next residual,
-    kept by the layer anyway) and one float32 ``rstd`` per row; the backward adds the gradient reaching the sum
+    kept by the layer anyway) and nothing else; the backward adds the gradient reaching the sum
     directly, so the attention output and the residual get their gradient from one kernel.
 
     Example:
@@ -183,7 +183,8 @@ def _eager_autograd_norm(hidden_states: torch.Tensor, residual: torch.Tensor | N
     This runs once per norm layer per training step, and a mid-size layer's GPU time is shorter than the host
     time of the general path's checks: everything that depends only on the input signature (the support checks,
     the compiled kernels, the launch shapes) is looked up in one dictionary; per call only
-    :func:`kernels_triton._triton_kernels.cpp_path_open` runs.
+    :func:`kernels_triton._triton_kernels.cpp_path_usable` runs in Python, and the extension checks the tensors
+    themselves (contiguity, alignment), declining what its kernels do not take.
     """
     key = (hidden_states.shape, hidden_states.dtype, weight.dtype, hidden_states.get_device(), casting, offset != 0.0)
     if residual is not None:
@@ -202,7 +203,7 @@ def _eager_autograd_norm(hidden_states: torch.Tensor, residual: torch.Tensor | N
         if len(_EAGER_NORMS) >= _EAGER_NORMS_MAX:
             _EAGER_NORMS.clear()
         _EAGER_NORMS[key] = entry = entry or False
-    if entry is False or not _triton_kernels.cpp_path_open(hidden_states, weight, residual):
+    if entry is False or not _triton_kernels.cpp_path_usable():
         return None
     return _triton_kernels.run_cpp_norm(entry, hidden_states, residual, weight, eps, offset)
 

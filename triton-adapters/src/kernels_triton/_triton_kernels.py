@@ -610,28 +610,20 @@ _CPP_CALLS: dict[tuple, tuple | bool] = {}
 _CPP_CALLS_MAX = 4096
 
 
-def cpp_path_open(x: torch.Tensor, weight: torch.Tensor, other: torch.Tensor | None = None) -> bool:
-    """Whether this call of a norm may go through the C++ autograd extension, as far as anything that can change
-    between calls of one input signature goes: the extension is loaded (not building, failed or given up), no
-    Triton launch hook is registered (a profiler sees every launch on the Python path), and the contiguous
-    tensors sit on the 16-byte alignment the kernels were compiled for. Runs on every call: cheap checks only.
+def cpp_path_usable() -> bool:
+    """Whether norms may go through the C++ autograd extension now: it is loaded (not building, failed or given
+    up) and no Triton launch hook is registered (a profiler sees every launch on the Python path). Runs on every
+    call; the extension itself declines (returns None for) inputs its kernels do not take as they are
+    (non-contiguous, not 16-byte aligned, a weight of another width or device).
     """
-    return (
-        _cpp_extension.extension() is not None
-        and not launch_hooks_registered()
-        and x.is_contiguous()
-        and weight.is_contiguous()
-        and not x.data_ptr() % 16
-        and not weight.data_ptr() % 16
-        and (other is None or (other.is_contiguous() and not other.data_ptr() % 16))
-    )
+    return _cpp_extension.extension() is not None and not launch_hooks_registered()
 
 
 def cpp_norm_entry(residual: bool, shape: torch.Size, dtype: torch.dtype, weight_dtype: torch.dtype, gemma: bool,
                    has_offset: bool, device: int) -> tuple | None:
     """(extension function, ``NormCall``) for the norm on inputs of this signature on CUDA device ``device``, or
     None where the C++ path does not take them (no extension loaded yet, 2**31 rows or more, kernels whose launch
-    the extension does not reproduce). Looked up once per signature and cached; :func:`cpp_path_open` says per
+    the extension does not reproduce). Looked up once per signature and cached; :func:`cpp_path_usable` says per
     call whether the entry may be used."""
     extension = _cpp_extension.extension()
     if extension is None or device < 0:
@@ -645,26 +637,26 @@ def cpp_norm_entry(residual: bool, shape: torch.Size, dtype: torch.dtype, weight
     return entry or None
 
 
-def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool,
-                   other: torch.Tensor | None = None) -> tuple | None:
-    """:func:`cpp_norm_entry` for a call on ``x`` (``other``: the residual) if :func:`cpp_path_open` allows it,
-    else None: the Python autograd path then runs. CPU tensors never take it."""
-    if not x.is_cuda or not cpp_path_open(x, weight, other):
+def _cpp_norm_call(residual: bool, x: torch.Tensor, weight: torch.Tensor, offset: float, gemma: bool) -> tuple | None:
+    """:func:`cpp_norm_entry` for a call on ``x`` if :func:`cpp_path_usable`, else None: the Python autograd path
+    then runs. CPU tensors never take it."""
+    if not x.is_cuda or not cpp_path_usable():
         return None
     return cpp_norm_entry(residual, x.shape, x.dtype, weight.dtype, gemma, offset != 0.0, x.get_device())
 
 
 def run_cpp_norm(entry: tuple, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  offset: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
-    """The norm through the extension with an entry of :func:`cpp_norm_entry`; None when the call fails there,
-    which gives the extension up for the rest of the process (:func:`kernels_triton._cpp_extension.give_up`): the
-    caller then takes the Python autograd path."""
+    """The norm through the extension with an entry of :func:`cpp_norm_entry`, or None, and the caller takes the
+    Python autograd path: when the extension declines the inputs (see :func:`cpp_path_usable`) or the call fails
+    there, which gives the extension up for the rest of the process
+    (:func:`kernels_triton._cpp_extension.give_up`)."""
     function, call = entry
     try:
         if residual is None:
             return function(x, weight, eps, offset, call)
-        normed, total = function(x, residual, weight, eps, offset, call)
-        return normed, total
+        outputs = function(x, residual, weight, eps, offset, call)
+        return None if outputs is None else (outputs[0], outputs[1])
     except RuntimeError as error:
         _cpp_extension.give_up(error)
         _CPP_CALLS.clear()
@@ -675,7 +667,7 @@ def _cpp_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tens
               gemma: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
     """The RMSNorm of ``x`` (with ``residual``: of ``x + residual``, and that sum) through the C++ autograd
     extension, or None: the caller then takes the Python autograd path."""
-    entry = _cpp_norm_call(residual is not None, x, weight, offset, gemma, residual)
+    entry = _cpp_norm_call(residual is not None, x, weight, offset, gemma)
     return None if entry is None else run_cpp_norm(entry, x, residual, weight, eps, offset)
 
 
