@@ -33,8 +33,8 @@ __all__ = [
 # (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json): 74.1k vs 76.3k and 70.8k vs 78.3k tokens/s, so from 2**23
 # elements with autograd as well. In an isolated chain of 8 RMSNorms, where no other work hides the host, the
 # Triton path took ~130 us of host time per layer while its backward was a Python autograd node
-# (cuda-rmsnorm-h200-session16.json); with kernels-triton's C++ autograd nodes and the eager fast path it takes
-# 52-68 us per added layer at 8.4M-16.8M elements against F.rms_norm's 63-122 (cuda-rmsnorm-h200-cpp-node.json).
+# (cuda-rmsnorm-h200-session16.json); with kernels-triton's C++ autograd nodes it takes 42-52 us per added layer
+# at 8.4M-16.8M elements against F.rms_norm's 60-124 (cuda-rmsnorm-h200-chain-rounds-run*.json).
 # In a model the matmuls keep the GPU busy while the host catches up.
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
 TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 23
