@@ -255,8 +255,9 @@ at::Tensor typed_view(const at::Tensor& buffer, int64_t byte_offset, at::IntArra
 }
 
 // The input gradient (``like``'s shape and dtype) and the float32 [programs, n_cols] weight-gradient partials in one
-// allocation: one trip to the caching allocator instead of two per backward. The partials (at most a few MiB,
-// small beside the gradient) are freed with the gradient.
+// allocation: one trip to the caching allocator instead of two per backward. The partials' bytes are freed with
+// the gradient, usually by the next node: a few programs per SM, so 1 MiB beside a 16 MiB bfloat16 gradient at
+// 8192 x 1024 on an H200 (8.6 MiB beside 128 MiB at 8192 x 8192); a leaf input's .grad keeps them.
 std::pair<at::Tensor, at::Tensor> gradient_buffers(const at::Tensor& like, int64_t programs, int64_t n_cols) {
   const int64_t gradient_bytes = like.numel() * static_cast<int64_t>(like.element_size());
   const int64_t partial_offset = cdiv(gradient_bytes, 256) * 256;  // the float32 rows on an aligned boundary
