@@ -3,7 +3,7 @@
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
 # space-separated subset of: probe report memory tests nox host rmsnorm sweep elementwise attention qwen3 portable
 # distributed (sweep: the RMSNorm backward's launch shapes, benchmarks/cuda/rmsnorm_tiling_sweep.py)
-# Knobs: HOST_ARGS (e.g. --profile), RMSNORM_ARGS (e.g. --shapes 8192x1024), RMSNORM_TIMEOUT, SWEEP_TIMEOUT, ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
+# Knobs: HOST_ARGS (e.g. --profile), RMSNORM_ARGS (e.g. --shapes 8192x1024 --chain-only --rounds 3), RMSNORM_TIMEOUT (default 540 s; the full sweep times 5 rounds of chains), SWEEP_TIMEOUT, ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS, EXTRA_PYTHONPATH (searched first, e.g. another
 # transformers installed with pip --target).
 # distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
@@ -62,7 +62,7 @@ if [[ " $STAGES " == *" host "* ]]; then
 fi
 if [[ " $STAGES " == *" rmsnorm "* ]]; then
   log rmsnorm
-  timeout ${RMSNORM_TIMEOUT:-300} python3 benchmarks/cuda/rmsnorm_bench.py --out "$OUT/cuda-rmsnorm.json" ${RMSNORM_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"
+  timeout ${RMSNORM_TIMEOUT:-540} python3 benchmarks/cuda/rmsnorm_bench.py --out "$OUT/cuda-rmsnorm.json" ${RMSNORM_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" sweep "* ]]; then
   log sweep
