@@ -266,14 +266,13 @@ std::pair<at::Tensor, at::Tensor> gradient_buffers(const at::Tensor& like, int64
           typed_view(buffer, partial_offset, {programs, n_cols}, at::kFloat)};
 }
 
+bool aligned_16(const at::Tensor& tensor) { return reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 16 == 0; }
+
 at::Tensor aligned(const at::Tensor& tensor) {
   // The backward kernels were compiled for 16-byte aligned contiguous gradients (all the caching allocator hands
   // out); an offset view takes a copy.
   at::Tensor dense = tensor.contiguous();
-  if (reinterpret_cast<uintptr_t>(dense.data_ptr()) % 16 != 0) {
-    return dense.clone();
-  }
-  return dense;
+  return aligned_16(dense) ? dense : dense.clone();
 }
 
 // The backward of both norms. Its next edges are the forward's differentiable inputs: (x, weight) for RMSNorm,
@@ -374,8 +373,6 @@ auto make_node(Args&&... args) {
     return c10::make_intrusive<T>(std::forward<Args>(args)...);
   }
 }
-
-bool aligned_16(const at::Tensor& tensor) { return reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 16 == 0; }
 
 // Whether the compiled kernels take these tensors as they are: contiguous, 16-byte aligned (what they were
 // compiled for), the weight of the input's width on its device. Python looks a call's NormCall up by the input's
