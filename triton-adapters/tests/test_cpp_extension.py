@@ -414,6 +414,29 @@ def test_kernelized_path_takes_the_cpp_node_and_keeps_the_current_device(cpp_rea
     assert torch.equal(out, _triton.eager_rms_norm(aligned, w, eps=1e-6, offset=0.0, casting="llama"))
 
 
+def test_eager_path_remembers_a_signature_the_ready_extension_cannot_take(fresh_state, monkeypatch):
+    # With the extension loaded, a signature it cannot take (2**31 rows, a kernel it cannot launch) is looked up
+    # once and remembered; only while the extension builds is the answer left open for the next call.
+    from kernels_triton import _triton
+    from kernels_triton import _triton_kernels
+
+    monkeypatch.setattr(fresh_state, "_module", object())
+    monkeypatch.setattr(_triton, "_EAGER_NORMS", {})
+    monkeypatch.setattr(_triton, "rms_norm_supported", lambda *args, **kwargs: True)
+    asked = []
+    monkeypatch.setattr(_triton_kernels, "cpp_norm_entry", lambda *args: asked.append(args))  # None: cannot take
+    x, w = torch.randn(3, 64, requires_grad=True), torch.ones(64)
+    for _ in range(3):
+        assert _triton._eager_autograd_norm(x, None, w, 1e-6, 0.0, "llama") is None
+    assert len(asked) == 1
+    monkeypatch.setattr(fresh_state, "_module", None)
+    monkeypatch.setattr(fresh_state, "_thread", object())  # building
+    y = torch.randn(5, 64, requires_grad=True)
+    for _ in range(2):
+        assert _triton._eager_autograd_norm(y, None, w, 1e-6, 0.0, "llama") is None
+    assert len(asked) == 3
+
+
 def test_cpu_calls_never_start_the_build(fresh_state):
     # Autograd on CPU tensors takes the native path and leaves the extension alone (no compiler run on a laptop).
     from kernels_triton import _triton

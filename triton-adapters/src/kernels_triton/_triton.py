@@ -198,8 +198,8 @@ def _eager_autograd_norm(hidden_states: torch.Tensor, residual: torch.Tensor | N
         entry = supported and _triton_kernels.cpp_norm_entry(
             residual is not None, hidden_states.shape, hidden_states.dtype, weight.dtype, casting == "gemma",
             offset != 0.0, hidden_states.get_device())
-        if entry is None and _cpp_extension.failure() is None:
-            return None  # the extension is still building: ask again next call
+        if entry is None and _cpp_extension.status() == "building":
+            return None  # ask again next call
         if len(_EAGER_NORMS) >= _EAGER_NORMS_MAX:
             _EAGER_NORMS.clear()
         _EAGER_NORMS[key] = entry = entry or False
