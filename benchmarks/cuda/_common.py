@@ -1,4 +1,5 @@
-"""Shared helpers for the CUDA benchmarks: environment record, timing, kernel-choice switches."""
+"""Shared helpers for the CUDA benchmarks: environment record, timing, kernelized RMSNorm stacks, kernel-choice
+switches."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ import datetime
 import importlib.metadata
 import json
 import pathlib
+import time
+from typing import TYPE_CHECKING
 
 import torch
+
+
+if TYPE_CHECKING:
+    import kernels_core
 
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
@@ -113,3 +120,35 @@ def python_autograd_norms(fn):
     from kernels_triton import _triton_kernels
 
     return _patched(_triton_kernels, "cpp_path_usable", lambda: False, fn)
+
+
+def per_call_us(fn, *, calls: int = 2000, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean wall time of ``calls`` back-to-back calls, synchronised at both ends."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    results = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        results.append((time.perf_counter() - start) / calls * 1e6)
+    return sorted(results)[len(results) // 2]
+
+
+def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode, count: int) -> torch.nn.Sequential:
+    """``count`` transformers RMSNorm modules with random weights, kernelized by kernels-core for ``mode``."""
+    import kernels_core
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    norms = torch.nn.Sequential(*(Qwen3RMSNorm(hidden, eps=1e-6) for _ in range(count))).to("cuda", dtype)
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.normal_(1.0, 0.1)
+    kernels_core.kernelize(norms, mode=mode)
+    applied = kernels_core.get_report(norms).applied
+    if len(applied) != count:
+        raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
+                           f"{kernels_core.get_report(norms).summary()}")
+    return norms

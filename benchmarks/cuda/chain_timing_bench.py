@@ -29,19 +29,12 @@ import kernels_core
 import torch
 from _common import bench
 from _common import environment
+from _common import kernelized_norms
+from _common import per_call_us
 from _common import write_json
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 
 LENGTHS = (8, 32)
-
-
-def _chain(hidden: int, count: int) -> torch.nn.Sequential:
-    norms = torch.nn.Sequential(*(Qwen3RMSNorm(hidden, eps=1e-6) for _ in range(count))).to("cuda", torch.bfloat16)
-    kernels_core.kernelize(norms, mode=kernels_core.Mode.TRAINING)
-    if len(kernels_core.get_report(norms).applied) != count:
-        raise RuntimeError(kernels_core.get_report(norms).summary())
-    return norms
 
 
 def _median_us(fn, *, reps: int, sync_before: bool, events: bool) -> float:
@@ -63,15 +56,6 @@ def _median_us(fn, *, reps: int, sync_before: bool, events: bool) -> float:
     if events:
         times = [start.elapsed_time(end) * 1e3 for start, end in times]
     return statistics.median(times)
-
-
-def _back_to_back_us(fn, *, calls: int) -> float:
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - began) / calls * 1e6
 
 
 def _profile(fn, layers: int) -> dict:
@@ -114,7 +98,7 @@ def main() -> None:
         timings: dict[str, dict[int, float]] = {}
         profiled = None
         for length in LENGTHS:
-            chain = _chain(h, length)
+            chain = kernelized_norms(h, torch.bfloat16, mode=kernels_core.Mode.TRAINING, count=length)
             weights = [norm.weight for norm in chain]
 
             def step(chain=chain, weights=weights, x=x, dy=dy):
@@ -130,7 +114,7 @@ def main() -> None:
                 "events": _median_us(step, reps=args.reps, sync_before=False, events=True),
                 "host": _median_us(step, reps=args.reps, sync_before=True, events=False),
                 "host_forward": _median_us(forward, reps=args.reps, sync_before=True, events=False),
-                "back_to_back": _back_to_back_us(step, calls=args.reps),
+                "back_to_back": per_call_us(step, calls=args.reps, repeats=1),
             }
             for method, value in measured.items():
                 timings.setdefault(method, {})[length] = value

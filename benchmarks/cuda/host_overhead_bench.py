@@ -35,24 +35,11 @@ import time
 import torch
 import torch.nn.functional as F
 from _common import environment
+from _common import kernelized_norms
+from _common import per_call_us
 from _common import python_autograd_norms
 from _common import triton_norms
 from _common import write_json
-
-
-def per_call_us(fn, *, calls: int = 2000, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the mean wall time of ``calls`` back-to-back calls, synchronised at both ends."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    results = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        results.append((time.perf_counter() - start) / calls * 1e6)
-    return sorted(results)[len(results) // 2]
 
 
 class _Identity(torch.autograd.Function):
@@ -87,7 +74,6 @@ def chain_rows(rows: int, cols: int, *, cpp: tuple | None, profile: bool) -> dic
     reduction, the shape of an RMSNorm backward) are what PyTorch's own C++ nodes cost on this host."""
     from kernels_core import Mode
     from kernels_triton import _triton_kernels
-    from rmsnorm_bench import kernelized_norms
 
     dtype = torch.bfloat16
     x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)

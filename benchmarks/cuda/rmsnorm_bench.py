@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from _common import bench
 from _common import environment
 from _common import gpu_us
+from _common import kernelized_norms
 from _common import python_autograd_norms
 from _common import triton_norms
 from _common import write_json
@@ -48,7 +49,6 @@ from kernels_cuda import _ops
 from kernels_triton import _cpp_extension
 from kernels_triton import _rms_norm
 from kernels_triton import _triton
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 
 SHAPES = [
@@ -71,20 +71,6 @@ SHAPES = [
 
 CHAIN = 8
 LONG_CHAIN = 32
-
-
-def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode, count: int) -> torch.nn.Sequential:
-    """``count`` transformers RMSNorm modules with random weights, kernelized by kernels-core for ``mode``."""
-    norms = torch.nn.Sequential(*(Qwen3RMSNorm(hidden, eps=1e-6) for _ in range(count))).to("cuda", dtype)
-    with torch.no_grad():
-        for norm in norms:
-            norm.weight.normal_(1.0, 0.1)
-    kernels_core.kernelize(norms, mode=mode)
-    applied = kernels_core.get_report(norms).applied
-    if len(applied) != count:
-        raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
-                           f"{kernels_core.get_report(norms).summary()}")
-    return norms
 
 
 def _apply_all(t: torch.Tensor, weights: list[torch.Tensor], norm) -> torch.Tensor:
