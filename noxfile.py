@@ -25,10 +25,16 @@ ROOT = Path(__file__).parent
 # What each session installs (beyond pytest) and which test folders it runs. Each vendor gets the core and
 # its own packages only, so an import of another vendor's code or an undeclared dependency fails here.
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
-    "core": (["./core[test]", "./examples/example-plugin"], ["core/tests", "examples/example-plugin/tests"]),
+    "core": (["./core[test]", "./examples/example-plugin"],
+             ["core/tests", "examples/example-plugin/tests", "--ignore=core/tests/integrations"]),
     "cuda": (["./core[test]", "./triton-adapters", "./plugins-cuda"], ["triton-adapters/tests", "plugins-cuda/tests"]),
     "rocm": (["./core[test]", "./triton-adapters", "./plugins-rocm"], ["plugins-rocm/tests"]),
     "npu": (["./core[test]", "./plugins-npu"], ["plugins-npu/tests"]),
+    # The trainer integrations (transformers Trainer, TRL, accelerate) with the core's portable kernels.
+    "integrations": (["./core[test,trl]"],
+                     ["core/tests/integrations", "--ignore=core/tests/integrations/llamafactory"]),
+    # LLaMA-Factory pins older transformers / accelerate / trl, so it gets a venv of its own.
+    "llamafactory": (["./core[test,llamafactory]"], ["core/tests/integrations/llamafactory"]),
 }
 
 
