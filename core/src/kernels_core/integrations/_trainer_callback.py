@@ -1,0 +1,241 @@
+"""``KernelizeCallback``: kernelize the model a transformers ``Trainer`` (or a TRL trainer) trains.
+
+The Trainer calls ``on_train_begin`` after it has wrapped and prepared the model (DDP, FSDP2 through accelerate,
+``torch.compile`` when ``torch_compile=True``) and before the first step. The callback kernelizes the module
+under those wrappers then: FSDP2 and DDP are handled by kernelize in either order, and compilation is lazy, so
+the kernels are what gets traced at the first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from transformers.trainer_callback import TrainerCallback
+from transformers.utils import logging as hf_logging
+
+from .._config import ConfigError
+from .._config import KernelsConfig
+from .._config import load_config
+from .._forward import KernelForward
+from .._forward import ReroutedForward
+from .._kernelize import REPORT_ATTR
+from .._kernelize import get_report
+from .._kernelize import kernelize
+from .._kinds._context import BINDING_ATTR
+from .._kinds._context import forward_slot
+from .._manager import KernelsPluginManager
+from .._report import KernelizeReport
+from .._resolve import KernelizeError
+from .._types import Mode
+
+
+__all__ = ["REPORT_FILE", "KernelizeCallback", "loss_owner"]
+
+# A child of the Trainer's logger: it follows the Trainer's log_level / log_level_replica settings.
+logger = hf_logging.get_logger("transformers.trainer.kernels_core")
+
+REPORT_FILE = "kernelize_report.json"
+_TRL_HEAD = "TRL's fused LM head (trl add_fused_lm_head)"
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module under torch.compile's OptimizedModule and DDP / DataParallel (FSDP2 shards in place)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            inner = model.module if isinstance(getattr(model, "module", None), nn.Module) and type(model).__name__ in (
+                "DistributedDataParallel", "DataParallel") else None
+        if inner is None:
+            return model
+        model = inner
+
+
+def _trl_head(module: nn.Module) -> bool:
+    """Whether TRL's ``add_fused_lm_head`` wrapper is this module's instance forward.
+
+    TRL copies the class forward's name onto its wrapper (``functools.wraps``), so it is recognised by its code.
+    """
+    value = module.__dict__.get(forward_slot(module))
+    fn = getattr(value, "__func__", value)
+    globals_ = getattr(fn, "__globals__", None) or {}
+    return str(globals_.get("__name__", "")).startswith("trl.") and getattr(
+        getattr(fn, "__code__", None), "co_name", "") == "_fused_forward"
+
+
+def _wrapped_after_kernelize(model: nn.Module) -> list[str]:
+    """Modules whose kernels-core forward another library replaced afterwards (and so now calls from inside)."""
+    wrapped = []
+    for name, module in model.named_modules():
+        record = module.__dict__.get(BINDING_ATTR)
+        slot = forward_slot(module)
+        if record is None or slot not in record.previous:
+            continue
+        if not isinstance(module.__dict__.get(slot), (KernelForward, ReroutedForward)):
+            wrapped.append(name or type(module).__name__)
+    return wrapped
+
+
+def loss_owner(model: nn.Module) -> str:
+    """Which code computes the training loss of a (kernelized) causal LM, in one sentence.
+
+    Example:
+        >>> import torch
+        >>> loss_owner(torch.nn.Linear(2, 2))
+        'not kernelized: the model computes its own loss'
+    """
+    report = get_report(model)
+    if report is None:
+        return "not kernelized: the model computes its own loss"
+    entries = [e for e in report.entries if e.kind == "causal_lm_loss"]
+    if not entries:
+        return "no causal-LM head matched: the model computes its own loss"
+    parts = []
+    for entry in entries:
+        module = model.get_submodule(entry.module) if entry.module else model
+        where = entry.module or type(module).__name__
+        if _trl_head(module):
+            under = (f"; kernels-core's {entry.kernel} sits under it and runs only when TRL calls the model's own "
+                     "forward with labels" if entry.applied else "")
+            parts.append(f"{where}: {_TRL_HEAD} computes the loss and the per-token log-probabilities TRL's "
+                         f"metrics use{under}")
+        elif entry.applied:
+            parts.append(f"{where}: kernels-core's fused loss {entry.kernel} computes the training loss (no logits "
+                         "in training steps; evaluation and generation run the model's own forward, with logits)")
+        else:
+            parts.append(f"{where}: the model's own forward computes the loss ({entry.reason})")
+    return "; ".join(parts)
+
+
+def _annotate_trl(model: nn.Module) -> None:
+    """Say in the report that TRL's fused LM head is the foreign forward the loss kind left alone."""
+    report = get_report(model)
+    if report is None:
+        return
+    entries = []
+    for entry in report.entries:
+        module = model.get_submodule(entry.module) if entry.module else model
+        if entry.kind == "causal_lm_loss" and not entry.applied and _trl_head(module):
+            entry = dataclasses.replace(entry, reason=f"{_TRL_HEAD} runs here and computes the loss; {entry.reason}")
+        entries.append(entry)
+    model.__dict__[REPORT_ATTR] = dataclasses.replace(report, entries=tuple(entries))
+
+
+def _check_config(config: object) -> None:
+    if config is not None and not isinstance(config, (dict, str, os.PathLike, KernelsConfig)):
+        raise TypeError(f"KernelizeCallback option 'config' must be a dict, a TOML path (str or os.PathLike) or a "
+                        f"kernels_core.KernelsConfig, got {type(config).__name__} {config!r}")
+    try:
+        load_config(config)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise ConfigError(f"KernelizeCallback option 'config': {exc}") from exc
+
+
+class KernelizeCallback(TrainerCallback):
+    """Kernelize the model a ``Trainer`` trains, whatever wrapping the Trainer applied, when training begins.
+
+    The mode is ``Mode.TRAINING``, plus ``Mode.TORCH_COMPILE`` when ``TrainingArguments.torch_compile`` is set.
+    The summary is logged on the Trainer's logger (``transformers.trainer.kernels_core``, at INFO, main process
+    by the Trainer's ``log_level``); the main process writes the full report, with a ``loss`` line saying which
+    code computes the loss, to ``<output_dir>/kernelize_report.json``. The kernels stay after training, so
+    ``trainer.evaluate()``, ``save_model`` and further ``train()`` calls see the same model; call
+    ``kernels_core.unkernelize(model)`` to restore it.
+
+    Example:
+        >>> from kernels_core import Mode
+        >>> KernelizeCallback(mode=Mode.TRAINING)
+        KernelizeCallback(mode=<Mode.TRAINING: 2>, config=None, strict=False)
+        >>> KernelizeCallback(strict="yes")
+        Traceback (most recent call last):
+        ...
+        TypeError: KernelizeCallback option 'strict' must be a bool, got str 'yes'
+
+    Args:
+        mode: the kernelize mode; by default from ``TrainingArguments.torch_compile`` as above.
+        config: a dict, TOML path or ``KernelsConfig``, as for ``kernelize``; checked when the callback is made.
+        strict: raise if a matched module gets no kernel.
+        plugin_manager: use this plugin manager instead of the process-wide one (tests, embedding frameworks).
+
+    Raises:
+        TypeError / ValueError / ConfigError: an option is malformed (at construction).
+        KernelizeError: kernelize failed when training began (from ``trainer.train()``); the model is unchanged.
+        ValueError: ``use_liger_kernel=True`` is set too; both replace the same layers.
+    """
+
+    def __init__(self, *, mode: Mode | None = None, config: dict[str, Any] | str | os.PathLike[str] | KernelsConfig
+                 | None = None, strict: bool = False, plugin_manager: KernelsPluginManager | None = None) -> None:
+        if mode is not None:
+            if not isinstance(mode, Mode):
+                raise TypeError(f"KernelizeCallback option 'mode' must be a kernels_core.Mode (Mode.TRAINING, "
+                                f"optionally | Mode.TORCH_COMPILE) or None, got {type(mode).__name__} {mode!r}")
+            try:
+                mode.validate()
+            except ValueError as exc:
+                raise ValueError(f"KernelizeCallback option 'mode': {exc}") from exc
+        if not isinstance(strict, bool):
+            raise TypeError(f"KernelizeCallback option 'strict' must be a bool, got {type(strict).__name__} "
+                            f"{strict!r}")
+        if plugin_manager is not None and not isinstance(plugin_manager, KernelsPluginManager):
+            raise TypeError(f"KernelizeCallback option 'plugin_manager' must be a KernelsPluginManager or None, got "
+                            f"{type(plugin_manager).__name__}")
+        _check_config(config)
+        self.mode = mode
+        self.config = config
+        self.strict = strict
+        self.plugin_manager = plugin_manager
+        self.report: KernelizeReport | None = None
+        self.loss: str | None = None
+
+    def __repr__(self) -> str:
+        return f"KernelizeCallback(mode={self.mode!r}, config={self.config!r}, strict={self.strict!r})"
+
+    def _mode(self, args: Any) -> Mode:
+        if self.mode is not None:
+            return self.mode
+        return Mode.TRAINING | Mode.TORCH_COMPILE if getattr(args, "torch_compile", False) else Mode.TRAINING
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                       **kwargs: Any) -> None:
+        if model is None:
+            raise KernelizeError("KernelizeCallback: the Trainer passed no model to on_train_begin")
+        if getattr(args, "use_liger_kernel", False):
+            raise ValueError("KernelizeCallback and TrainingArguments(use_liger_kernel=True) both replace the same "
+                             "layers (norms, MLPs, RoPE, the loss); use one of them")
+        target = _unwrap(model)
+        wrapped = _wrapped_after_kernelize(target)
+        if wrapped:
+            # Kernelizing again would restore these modules' pre-kernelize forwards and drop the wrapper another
+            # library (TRL's fused LM head) put around the kernel: keep the kernels bound before the trainer.
+            logger.warning("KernelizeCallback: %s was kernelized before the trainer and its forward of %s was "
+                           "wrapped since (%s); keeping the kernels bound then", type(target).__name__,
+                           ", ".join(wrapped), _TRL_HEAD if _trl_head(target) else "another library")
+        else:
+            mode = self._mode(args)
+            try:
+                kernelize(target, mode=mode, config=self.config, strict=self.strict,  # type: ignore[arg-type]
+                          plugin_manager=self.plugin_manager)
+            except KernelizeError as exc:
+                raise KernelizeError(f"KernelizeCallback: kernelize({type(target).__name__}, mode={mode}) failed "
+                                     f"when training began; the model is unchanged: {exc}") from exc
+            _annotate_trl(target)
+        report = get_report(target)
+        self.report = report
+        self.loss = loss_owner(target)
+        if report is None:
+            return
+        logger.info("%s; loss: %s", report.summary(), self.loss)
+        if state is None or getattr(state, "is_world_process_zero", True):
+            self._write(args, report)
+
+    def _write(self, args: Any, report: KernelizeReport) -> None:
+        output_dir = getattr(args, "output_dir", None)
+        if not output_dir:
+            return
+        path = Path(output_dir) / REPORT_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"loss": self.loss, **report.to_dict()}
+        path.write_text(json.dumps(payload, indent=2) + "\n")

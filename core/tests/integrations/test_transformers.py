@@ -1,0 +1,216 @@
+"""``KernelizeCallback`` in transformers' ``Trainer``: same losses, evaluation with logits, report, errors.
+
+Every comparison runs the same Trainer twice from the same seed, without and with the callback, in float32 on
+the CPU with the core's portable kernels, and compares the logged loss of every step. The fused loss differs
+from eager by summation order only, so the bound (1e-4 relative, ten times tighter than the product target of
+1e-3) leaves room for twenty AdamW steps to amplify rounding but not for a wrong normalisation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+
+import kernels_core
+import pytest
+import torch
+from _trainer_helpers import assert_losses_equal
+from _trainer_helpers import pad_collate
+from _trainer_helpers import step_losses
+from _trainer_helpers import token_dataset
+from kernels_core import KernelizeError
+from kernels_core import KernelSpec
+from kernels_core import Mode
+from kernels_core import Supports
+from kernels_core import hookimpl
+from kernels_core.testing import fresh_plugin_manager
+from kernels_core.testing import tiny_causal_lm
+
+
+transformers = pytest.importorskip("transformers")
+from kernels_core.integrations._trainer_callback import REPORT_FILE  # noqa: E402
+from kernels_core.integrations.transformers import KernelizeCallback  # noqa: E402
+from transformers import Trainer  # noqa: E402
+from transformers import TrainingArguments  # noqa: E402
+
+
+def _args(tmp_path, **overrides):
+    settings = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                    max_steps=20, logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no", seed=0,
+                    use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    settings.update(overrides)
+    return TrainingArguments(**settings)
+
+
+def _train(tmp_path, callback, *, model_type="qwen3", dataset=None, **overrides):
+    model = tiny_causal_lm(model_type)
+    trainer = Trainer(model=model, args=_args(tmp_path, **overrides), train_dataset=dataset or token_dataset(),
+                      data_collator=pad_collate, callbacks=[callback] if callback else [])
+    trainer.train()
+    return trainer, model
+
+
+def _forwards(model):
+    keys = ("forward", "_old_forward", "_kernels_core_binding", "_kernels_core_report")
+    return {name: {k: m.__dict__.get(k) for k in keys} for name, m in model.named_modules()}
+
+
+def test_losses_and_weights_match_the_plain_trainer(tmp_path, pm, model_type="qwen3"):
+    plain, plain_model = _train(tmp_path, None, model_type=model_type)
+    callback = KernelizeCallback(plugin_manager=pm)
+    fused, model = _train(tmp_path, callback, model_type=model_type)
+    assert_losses_equal(step_losses(fused), step_losses(plain), what=model_type)
+    report = kernels_core.get_report(model)
+    assert report is not None and report.mode == "TRAINING"
+    assert {e.kind for e in report.applied} >= {"causal_lm_loss", "rms_norm", "silu_gated_mlp"}
+    for (name, a), b in zip(model.named_parameters(), plain_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"{name} after 20 steps")
+    assert "kernels-core's fused loss any.causal_lm_loss" in callback.loss
+
+
+@pytest.mark.parametrize("overrides", [
+    {"gradient_accumulation_steps": 3, "max_steps": 4},
+    {"gradient_accumulation_steps": 2, "average_tokens_across_devices": False, "max_steps": 4},
+    {"gradient_checkpointing": True, "max_steps": 4},
+], ids=["accumulation", "accumulation-no-token-average", "checkpointing"])
+def test_losses_match_with_accumulation_and_checkpointing(tmp_path, pm, overrides):
+    # Ragged rows with masked labels: the loss must be normalised by the tokens of the whole accumulated batch
+    # (num_items_in_batch), which a per-micro-batch mean would get wrong.
+    data = token_dataset(ragged=True)
+    plain, _ = _train(tmp_path, None, dataset=data, **overrides)
+    fused, model = _train(tmp_path, KernelizeCallback(plugin_manager=pm), dataset=data, **overrides)
+    assert kernels_core.get_report(model).applied
+    assert_losses_equal(step_losses(fused), step_losses(plain), what=str(overrides))
+
+
+def test_torch_compile_uses_the_compile_mode(tmp_path, pm):
+    overrides = {"torch_compile": True, "torch_compile_backend": "aot_eager", "max_steps": 4}
+    plain, _ = _train(tmp_path, None, **overrides)
+    fused, model = _train(tmp_path, KernelizeCallback(plugin_manager=pm), **overrides)
+    assert fused.model_wrapped is not model, "the Trainer did not compile the model"
+    assert kernels_core.get_report(model).mode == "TRAINING|TORCH_COMPILE"
+    assert_losses_equal(step_losses(fused), step_losses(plain), what="torch_compile")
+
+
+def test_compute_metrics_gets_the_real_logits(tmp_path, pm):
+    seen: dict[str, list[torch.Tensor]] = {"plain": [], "kernelized": []}
+
+    def metrics(which):
+        def compute(prediction):
+            seen[which].append(torch.as_tensor(prediction.predictions))
+            return {"mean_logit": float(prediction.predictions.mean())}
+        return compute
+
+    results = {}
+    for which, callback in (("plain", None), ("kernelized", KernelizeCallback(plugin_manager=pm))):
+        model = tiny_causal_lm("qwen3")
+        trainer = Trainer(model=model, args=_args(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=4),
+                          train_dataset=token_dataset(), eval_dataset=token_dataset(8, seed=1),
+                          data_collator=pad_collate, compute_metrics=metrics(which),
+                          callbacks=[callback] if callback else [])
+        trainer.train()
+        with_metrics = trainer.evaluate()
+        trainer.compute_metrics = None  # evaluate() then asks for the loss only
+        results[which] = (trainer.state.log_history, with_metrics, trainer.evaluate(),
+                          trainer.predict(token_dataset(4)))
+    assert len(seen["kernelized"]) == 2, "compute_metrics was not called in and after training"
+    for a, b in zip(seen["kernelized"], seen["plain"], strict=True):
+        assert a.shape == (8, 12, 101), f"compute_metrics got {tuple(a.shape)}, not [rows, tokens, vocab] logits"
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    k_log, k_eval, k_loss_only, k_pred = results["kernelized"]
+    p_log, p_eval, p_loss_only, p_pred = results["plain"]
+    k_evals = [e["eval_loss"] for e in k_log if "eval_loss" in e]
+    assert_losses_equal(k_evals + [k_eval["eval_loss"], k_loss_only["eval_loss"]],
+                        [e["eval_loss"] for e in p_log if "eval_loss" in e] + [p_eval["eval_loss"],
+                                                                               p_loss_only["eval_loss"]])
+    assert k_pred.predictions.shape == (4, 12, 101)
+    torch.testing.assert_close(torch.as_tensor(k_pred.predictions), torch.as_tensor(p_pred.predictions),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_report_file_and_log_line(tmp_path, pm):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("transformers.trainer.kernels_core")
+    log.addHandler(handler)
+    previous = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_info()
+    try:
+        trainer, model = _train(tmp_path, KernelizeCallback(plugin_manager=pm), max_steps=2)
+    finally:
+        transformers.logging.set_verbosity(previous)
+        log.removeHandler(handler)
+    summary = kernels_core.get_report(model).summary()
+    assert [r.getMessage().split("; loss: ")[0] for r in records] == [summary]
+    written = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
+    assert written["summary"] == summary and written["mode"] == "TRAINING"
+    assert written["loss"].startswith("Qwen3ForCausalLM: kernels-core's fused loss")
+    assert {e["kind"] for e in written["entries"]} >= {"causal_lm_loss", "rms_norm"}
+
+
+def test_kernels_stay_after_training_and_a_second_train_matches(tmp_path, pm):
+    data = token_dataset()
+    model = tiny_causal_lm("qwen3")
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=3), train_dataset=data, data_collator=pad_collate,
+                      callbacks=[KernelizeCallback(plugin_manager=pm)])
+    trainer.train()
+    first = kernels_core.get_report(model)
+    assert first is not None, "the kernels should stay bound after train()"
+    trainer.train()  # kernelizes again from scratch: same choices, no double binding
+    assert kernels_core.get_report(model).summary() == first.summary()
+    kernels_core.unkernelize(model)
+    assert all("_kernels_core_binding" not in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize(("options", "error", "names"), [
+    ({"mode": "training"}, TypeError, "option 'mode' must be a kernels_core.Mode"),
+    ({"mode": Mode.TRAINING | Mode.INFERENCE}, ValueError, "option 'mode'.*mutually exclusive"),
+    ({"strict": 1}, TypeError, "option 'strict' must be a bool, got int"),
+    ({"config": 3}, TypeError, "option 'config' must be a dict"),
+    ({"config": {"kinds": {"rms_norm": {"enabeld": False}}}}, kernels_core.ConfigError, "option 'config'.*enabeld"),
+    ({"plugin_manager": "pm"}, TypeError, "option 'plugin_manager'"),
+])
+def test_bad_options_raise_naming_the_option(options, error, names):
+    with pytest.raises(error, match=names):
+        KernelizeCallback(**options)
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError):
+        KernelizeCallback(Mode.TRAINING)  # type: ignore[misc]
+
+
+def _failing_bind(module, match, kernel, forward):
+    raise RuntimeError("no launch configuration for this shape")
+
+
+def test_a_failing_kernelize_names_the_kernel_and_leaves_the_model_alone(tmp_path):
+    plugin = types.ModuleType("plugin_broken")
+    spec = KernelSpec(id="broken.rms_norm", kind="rms_norm", variants=("standard",), backend="cpu",
+                      impl="kernels_core._kinds._reference:rms_norm", priority=90,
+                      supports=Supports.BACKWARD | Supports.TORCH_COMPILE)
+    plugin.kernels_core_kernels = hookimpl(lambda: [spec])
+    plugin.kernels_core_bind_kernel = hookimpl(_failing_bind)
+    pm = fresh_plugin_manager((plugin, "broken"))
+    model = tiny_causal_lm("qwen3")
+    before = _forwards(model)
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=token_dataset(),
+                      data_collator=pad_collate, callbacks=[KernelizeCallback(plugin_manager=pm)])
+    with pytest.raises(KernelizeError, match=r"KernelizeCallback: kernelize\(Qwen3ForCausalLM.*unchanged.*"
+                                             r"plugin 'broken'.*broken\.rms_norm.*no launch configuration"):
+        trainer.train()
+    assert _forwards(model) == before
+    assert not (tmp_path / "out" / REPORT_FILE).exists()
+
+
+def test_liger_and_the_callback_together_are_refused(tmp_path, pm):
+    # TrainingArguments(use_liger_kernel=True) needs liger-kernel installed, which CPU CI has not: the callback
+    # is called with arguments that say so, as the Trainer would call it.
+    model = tiny_causal_lm("qwen3")
+    callback = KernelizeCallback(plugin_manager=pm)
+    args = types.SimpleNamespace(use_liger_kernel=True, torch_compile=False, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="use_liger_kernel=True.*use one of them"):
+        callback.on_train_begin(args, None, None, model=model)
+    assert kernels_core.get_report(model) is None
