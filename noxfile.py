@@ -5,15 +5,27 @@
     nox -s tests -- -x -k rotary        # arguments after -- go to pytest
     nox --no-venv --no-install -s "tests(vendor='cuda')"   # on a machine whose Python already has everything
 
+One torch for all venvs: torch (with only what torch itself requires) is installed once, with
+`pip install --target`, into `.nox/_shared-torch/<python>-<spec>/`, and every session venv gets a `.pth` file
+naming that folder. Everything else a session needs is installed into its own venv, which comes first on
+`sys.path`: an undeclared dependency still fails, and a package that needs another torch gets it in its own venv.
+Which torch: `torch==2.13.0` where pip can take it (a CPU build lies on the CI machines' disk), else plain
+`torch`. The environment variable KERNELS_CORE_NOX_TORCH overrides this with one pip requirement
+(`KERNELS_CORE_NOX_TORCH="torch==2.14.1"`), or with `none` to install torch into every venv separately.
+
 pip-based venvs (virtualenv), not uv: CI machines reach only PyPI plus a local CPU build of torch that pip is
 pointed at; uv would ignore it and download a multi-GB CUDA build of torch.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 from pathlib import Path
 
 import nox
+import nox.command
 
 
 nox.needs_version = ">=2024.3.2"
@@ -29,6 +41,10 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
              ["core/tests", "examples/example-plugin/tests", "--ignore=core/tests/integrations"]),
     "cuda": (["./core[test]", "./triton-adapters", "./plugins-cuda"], ["triton-adapters/tests", "plugins-cuda/tests"]),
     "rocm": (["./core[test]", "./triton-adapters", "./plugins-rocm"], ["plugins-rocm/tests"]),
+    # Both GPU plugins in one venv (a machine may have both installed): each claims only its own torch build's
+    # devices. A venv of its own, so the rocm and cuda venvs still catch an import of the other vendor.
+    "rocm+cuda": (["./core[test]", "./triton-adapters", "./plugins-rocm", "./plugins-cuda"],
+                  ["plugins-rocm/tests/test_with_cuda_plugin.py"]),
     "npu": (["./core[test]", "./plugins-npu"], ["plugins-npu/tests"]),
     # The trainer integrations (transformers Trainer, TRL, accelerate) with the core's portable kernels.
     "integrations": (["./core[test,trl]"],
@@ -36,6 +52,42 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     # LLaMA-Factory pins older transformers / accelerate / trl, so it gets a venv of its own.
     "llamafactory": (["./core[test,llamafactory]"], ["core/tests/integrations/llamafactory"]),
 }
+
+
+TORCH_ENV = "KERNELS_CORE_NOX_TORCH"
+TORCH_SPECS = ("torch==2.13.0", "torch")  # tried in order; the first pip can install is used
+
+
+def _install_shared_torch(session: nox.Session) -> None:
+    """Point this venv at the shared torch folder (a `.pth` file), installing torch there first if needed."""
+    chosen = os.environ.get(TORCH_ENV, "").strip()
+    if chosen.lower() == "none":
+        return
+    specs = (chosen,) if chosen else TORCH_SPECS
+    info = session.run("python", "-c", "import sys, sysconfig; print(sysconfig.get_path('purelib'));"
+                       "print('py%d.%d' % sys.version_info[:2])", silent=True, log=False)
+    site_packages, python_tag = str(info).split()[-2:]
+    shared = Path(session.virtualenv.location).parent / "_shared-torch"
+    for spec in specs:
+        target = shared / f"{python_tag}-{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
+        if not target.is_dir():
+            partial = target.with_name(target.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                session.run_install("python", "-m", "pip", "install", "--quiet", "--target", str(partial), spec)
+            except nox.command.CommandFailed:
+                session.log(f"shared torch: pip could not install {spec!r}" + (", trying the next" if
+                            spec != specs[-1] else ""))
+                shutil.rmtree(partial, ignore_errors=True)
+                continue
+            if partial.is_dir():  # absent under --no-install
+                partial.rename(target)
+        if target.is_dir():
+            Path(site_packages, "_kernels_core_shared_torch.pth").write_text(f"{target}\n")
+            session.log(f"shared torch: {target}")
+            return
+    session.error(f"shared torch: pip installed none of {list(specs)}; set {TORCH_ENV} to a requirement "
+                  "pip can install, or to 'none' to install torch in every venv")
 
 
 @nox.session
@@ -47,6 +99,7 @@ def tests(session: nox.Session, vendor: str) -> None:
     if missing:
         session.error(f"package folders missing for vendor {vendor!r}: {missing}")
     if session.venv_backend != "none":
+        _install_shared_torch(session)
         session.install("pytest>=8", *installs)
     # -rs: every skipped test says why (GPU tests on CPU-only CI, for one).
     session.run("python", "-m", "pytest", *test_dirs, "-p", "no:cacheprovider", "-rs", *session.posargs)

@@ -2,8 +2,8 @@
 
 Both plugins see tensors of torch device type ``cuda``; which one drives them depends on the torch build. On a
 simulated ROCm build every matched module must resolve to ``rocm.*`` (or portable ``any.*``) kernels and never
-``cuda.*``, and the reverse on a simulated CUDA build. Skipped where kernels-cuda is not installed (the
-``tests(vendor='rocm')`` nox session holds only this plugin).
+``cuda.*``, and the reverse on a simulated CUDA build. Run by the ``tests(vendor='rocm+cuda')`` nox session;
+skipped where kernels-cuda is not installed (the ``tests(vendor='rocm')`` nox session holds only kernels-rocm).
 """
 
 from __future__ import annotations
@@ -71,17 +71,35 @@ def test_cuda_build_resolves_to_cuda_kernels_only(simulate, pm, family, mode):
     assert any(k.startswith("cuda.") for k in applied), applied
 
 
+def _vendor_kinds(pm, plugin: str) -> set[str]:
+    return {p.spec.kind for p in pm.kernels() if p.plugin.name == plugin}
+
+
 def test_same_model_gets_each_vendors_kernels_on_its_build(simulate, pm):
     simulate("rocm", [MI300X])
-    rocm = {e.kind: e.kernel for e in _kernels("llama", pm, Mode.TRAINING)}
+    rocm = {e.module + ":" + e.kind: e.kernel for e in _kernels("llama", pm, Mode.TRAINING)}
     pm.invalidate()  # detection is cached per manager; the simulated build changes next
     simulate("cuda", [H100])
-    cuda = {e.kind: e.kernel for e in _kernels("llama", pm, Mode.TRAINING)}
+    cuda = {e.module + ":" + e.kind: e.kernel for e in _kernels("llama", pm, Mode.TRAINING)}
     assert rocm.keys() == cuda.keys()
-    for kind in rocm:
-        assert rocm[kind].split(".", 1)[0] == "rocm" and cuda[kind].split(".", 1)[0] == "cuda", (rocm, cuda)
+    assert None not in rocm.values() and None not in cuda.values(), (rocm, cuda)
+    rocm_kinds, cuda_kinds = _vendor_kinds(pm, "rocm"), _vendor_kinds(pm, "cuda")
+    vendor_modules = 0
+    for key in rocm:
+        kind = key.rsplit(":", 1)[1]
+        # Never the other vendor's kernel on a build.
+        assert not rocm[key].startswith("cuda.") and not cuda[key].startswith("rocm."), (key, rocm[key], cuda[key])
+        if kind in rocm_kinds and kind in cuda_kinds:
+            # A kind both vendors implement gets each vendor's own kernel on its build.
+            assert rocm[key].startswith("rocm.") and cuda[key].startswith("cuda."), (key, rocm[key], cuda[key])
+            vendor_modules += 1
+        elif kind not in rocm_kinds | cuda_kinds:
+            # A kind only the core implements (the causal mask) gets the same kernel on either build.
+            assert rocm[key] == cuda[key], (key, rocm[key], cuda[key])
+    assert vendor_modules, "the tiny llama must match kinds that both vendors implement"
     # Both wrap the same shared adapter for the loss; only the declaration differs.
-    assert rocm["causal_lm_loss"].removeprefix("rocm.") == cuda["causal_lm_loss"].removeprefix("cuda.")
+    loss = [key for key in rocm if key.endswith(":causal_lm_loss")]
+    assert loss and all(rocm[k].removeprefix("rocm.") == cuda[k].removeprefix("cuda.") for k in loss)
 
 
 def test_cpu_build_claims_no_gpu(simulate, pm):
