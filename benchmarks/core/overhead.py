@@ -1,6 +1,6 @@
 """Cost of kernels-core itself: what discovery imports, and how long discovery and kernelize take.
 
-    python benchmarks/core/overhead.py [--layers 28] [--out benchmarks/results/core-overhead.json]
+    python benchmarks/core/overhead.py [--layers 28] [--out benchmarks/results/core-overhead-cpu.json]
 
 Each measurement runs in a fresh subprocess so that import caches and the process-wide plugin manager start
 cold. The model is a Qwen3-0.6B-shaped body (28 layers, hidden 1024) with a small vocabulary, built on the
@@ -66,7 +66,7 @@ def _run(code: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=28)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/core-overhead.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/core-overhead-cpu.json"))
     args = parser.parse_args()
     import torch
     import transformers

@@ -9,7 +9,7 @@ output gradient in the same layout), and through transformers' own ``sdpa_attent
 Outputs are checked against the math backend in float32 first, so a fast but wrong backend shows as an error
 rather than a win.
 
-    python benchmarks/cuda/attention_bench.py --out benchmarks/results/cuda-attention-h200.json
+    python benchmarks/cuda/attention_bench.py --out benchmarks/results/attention-h200.json
 """
 
 from __future__ import annotations

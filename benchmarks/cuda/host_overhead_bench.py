@@ -21,7 +21,7 @@ mean microseconds per call, side by side in one run:
   the floor any autograd node pays on this host), ``F.rms_norm``, the Triton entry point, the extension's call
   alone and the kernelized training module (C++ and Python autograd nodes).
 
-    python benchmarks/cuda/host_overhead_bench.py --out benchmarks/results/cuda-host-overhead-h100.json
+    python benchmarks/cuda/host_overhead_bench.py --out benchmarks/results/host-overhead-h100.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Qwen3-0.6B-shape training and prefill benchmark: eager, Liger's own patching, torch.compile, kernelize,
 kernelize + torch.compile, each variant in a fresh process (Liger's patching is process-global).
 
-    python benchmarks/cuda/qwen3_bench.py --out benchmarks/results/cuda-qwen3-h100.json
+    python benchmarks/cuda/qwen3_bench.py --out benchmarks/results/qwen3-h100.json
 
 For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
 RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only; ``+native_residual``: for the fused residual

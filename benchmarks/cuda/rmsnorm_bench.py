@@ -25,7 +25,7 @@ same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``module_trito
 path), side by side in the same run. ``chain_*_gpu_per_layer_us`` replays the 32-layer chain as a CUDA graph: the
 GPU time alone, against which the gap to the chain as called is the host's share.
 
-    python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/cuda-rmsnorm-h100.json
+    python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/rmsnorm-h100.json
     python benchmarks/cuda/rmsnorm_bench.py --chain-only --shapes 8192x1024,16384x1024 --out /tmp/chains.json
 """
 

@@ -11,7 +11,7 @@ do; ``with_dw_recomputed_gpu_us``) instead of read from the forward's saved rstd
 also times that sum both ways, kernels-triton's one launch (at its default and at each of ``SUM_TILINGS``) and
 ``partial.sum(0)`` followed by the cast, and the forward kernel for reference.
 
-    python benchmarks/cuda/rmsnorm_tiling_sweep.py --out benchmarks/results/cuda-rmsnorm-tiling-h200.json
+    python benchmarks/cuda/rmsnorm_tiling_sweep.py --out benchmarks/results/rmsnorm-tiling-h200.json
     python benchmarks/cuda/rmsnorm_tiling_sweep.py --shapes 131072x128 --programs-per-sm 2,4 --out /tmp/sweep.json
 """
 

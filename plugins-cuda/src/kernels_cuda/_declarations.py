@@ -3,7 +3,7 @@
 Order of preference among CUDA kernels (higher wins where a kernel qualifies for the mode): ``tuned`` (RMSNorm and
 the residual add + RMSNorm: a per-call choice between the Triton kernel and the native ops) 120 > ``triton``
 (kernels-triton's own kernels: one launch, thin host side) 115 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100.
-The numbers behind this order are in ``benchmarks/results/cuda-*.json`` and the plugin README.
+The numbers behind this order are in ``benchmarks/results/*.json`` and the plugin README.
 Under ``Mode.TORCH_COMPILE`` only kernels declaring it qualify, and the same order then picks: ``tuned`` RMSNorm
 (which hands Inductor the native math to fuse with the residual adds), the ``tuned`` residual add + RMSNorm (the
 fused Triton kernel as a custom op in training graphs, native math for inference), kernels-triton's RoPE and gated

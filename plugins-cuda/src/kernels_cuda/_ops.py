@@ -3,7 +3,7 @@
 A kernel is chosen per module, but the fastest implementation depends on the input size: below a measured
 crossover the single fused ATen kernel (``F.rms_norm``) wins because a Triton launch costs more on the host
 than the whole ATen kernel takes, above it the Triton kernel runs closer to copy bandwidth. Thresholds come from
-``benchmarks/results/cuda-rmsnorm-h100-host-path.json`` (H100, torch 2.11, triton 3.6, bf16) and hold for the
+``benchmarks/results/rmsnorm-h100.json`` (H100, torch 2.11, triton 3.6, bf16) and hold for the
 RMSNorm and for the residual add + RMSNorm, whose fused kernel shares the RMSNorm backward. Importing this module
 imports Triton, so a host without it falls back at kernel load time.
 """
@@ -23,23 +23,23 @@ __all__ = [
     "rms_norm",
 ]
 
-# H100, bf16, after the Triton host path was trimmed (benchmarks/results/cuda-rmsnorm-h100-host-path.json).
+# H100, bf16, after the Triton host path was trimmed (benchmarks/results/rmsnorm-h100.json).
 # Forward, do_bench with L2 flushed, us: F.rms_norm | Triton
 #   [4096, 1024]     13.0 | 10.3      [8192, 1024]  19.1 | 17.8      [131072, 128] 86.3 | 28.9
-# Host per call on a tiny input (cuda-host-overhead-h100.json): F.rms_norm 10.4 us, the Triton adapter 18 us.
+# Host per call on a tiny input (host-overhead-h100.json): F.rms_norm 10.4 us, the Triton adapter 18 us.
 # From 2**22 elements the Triton kernel's GPU time saving outweighs its extra host time.
 # With autograd: H200, Qwen3-0.6B-shape training step (4 x 2048 tokens, norms of 8.4M elements, q/k norms of 8.4M
 # and 16.8M), two paired runs of kernelize with these thresholds against Triton for every norm
-# (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json): 74.1k vs 76.3k and 70.8k vs 78.3k tokens/s, so from 2**23
+# (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json at commit 63b2cd1): 74.1k vs 76.3k and 70.8k vs 78.3k tokens/s, so from 2**23
 # elements with autograd as well. In an isolated chain of 8 RMSNorms, where no other work hides the host, the
 # Triton path took ~130 us of host time per layer while its backward was a Python autograd node
-# (cuda-rmsnorm-h200-session16.json); with kernels-triton's C++ autograd nodes it takes 42-52 us per added layer
-# at 8.4M-16.8M elements against F.rms_norm's 60-124 (cuda-rmsnorm-h200-chain-rounds-run*.json).
+# (cuda-rmsnorm-h200-session16.json at commit 63b2cd1); with kernels-triton's C++ autograd nodes it takes 42-52 us per added layer
+# at 8.4M-16.8M elements against F.rms_norm's 60-124 (benchmarks/results/rmsnorm-h200.json).
 # In a model the matmuls keep the GPU busy while the host catches up.
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
 TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 23
 # Under torch.compile the native math is traced instead, for every size: Inductor fuses it with the residual adds
-# around it. H200, Qwen3-0.6B shape, bf16, same run (benchmarks/results/cuda-qwen3-h200-compile-variants.json):
+# around it. H200, Qwen3-0.6B shape, bf16, same run (benchmarks/results/qwen3-compile-variants-h200.json):
 # training 76.2k tokens/s with the native RMSNorm vs 74.5k with the Triton kernel as a custom op (RoPE and gated
 # MLP Triton in both), prefill 13.6 ms vs 38.8 ms.
 

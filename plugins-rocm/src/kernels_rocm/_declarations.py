@@ -17,7 +17,7 @@ work that is no cheaper on ROCm. The Liger norms stay declared, selectable throu
 
 kernels-triton's own Triton kernels (RMSNorm, RoPE, gated activations) fuse the same work as Liger's with one
 launch and a thinner Python side; on NVIDIA that host-side difference is what made them faster
-(``benchmarks/results/cuda-*-h200.json``), and host-side Python costs the same whichever GPU follows. They rank
+(``benchmarks/results/*-h200.json``), and host-side Python costs the same whichever GPU follows. They rank
 above Liger's where both apply, on the same architectures as Liger's row-wise kernels (no ``tl.dot``); for RMSNorm
 ``F.rms_norm`` stays first by the rule above and the Triton kernel comes second. The fused residual add + RMSNorm
 (``residual_rms_norm``) has no single ATen kernel (eager runs the add, then ``F.rms_norm``), so by the same rule its

@@ -1,7 +1,7 @@
 """Our own Triton kernels for the memory-bound layer kinds: RMSNorm (alone or fused with the residual add before
 it), rotary embedding, gated activations.
 
-Why not only Liger's: measured on an H200 (``benchmarks/results/cuda-rmsnorm-h200.json``), Liger's RMSNorm spends
+Why not only Liger's: measured on an H200 (``benchmarks/results/cuda-rmsnorm-h200.json`` at commit 082ada2), Liger's RMSNorm spends
 60-120 us per forward and ~600 us per backward on the host whatever the size, and neither it nor
 ``F.rms_norm`` reaches 85% of copy bandwidth between 16M and 67M elements. These kernels keep the Python side
 to one launch per direction (the RMSNorm backward adds a second, small one that sums the weight gradient's
@@ -411,8 +411,8 @@ def _sum_partials_kernel(PARTIAL, OUT, n_partials, N_COLS: tl.constexpr, BLOCK_P
 
 # The backward's launch shape, from the H200 sweeps (GPU time with the weight-gradient sum, us): 2 programs per
 # SM, 8 KiB tiles, 3 pipeline stages is within 4% of each shape's best from 8M to 67M elements
-# (benchmarks/results/cuda-rmsnorm-tiling-h200.json: 16384x1024 34.4 vs 43.6 without pipelining, 8192x8192 111
-# vs 145). Since the weight gradient accumulates per row (cuda-rmsnorm-tiling-h200-row-accumulator.json) that
+# (benchmarks/results/cuda-rmsnorm-tiling-h200.json at commit eb4812f: 16384x1024 34.4 vs 43.6 without pipelining, 8192x8192 111
+# vs 145). Since the weight gradient accumulates per row (rmsnorm-tiling-h200.json) that
 # holds for rows of 128 too (131072x128: 34.7, best 33.7; 4 programs per SM, the earlier choice there: 39.4).
 BACKWARD_PROGRAMS_PER_SM = 2
 BACKWARD_TILE_BYTES = 8192
