@@ -84,6 +84,30 @@ def test_losses_match_with_accumulation_and_checkpointing(tmp_path, pm, override
     assert_losses_equal(step_losses(fused), step_losses(plain), what=str(overrides))
 
 
+def test_bf16_mixed_precision_keeps_the_fused_loss(tmp_path, pm):
+    # accelerate wraps the model's forward in autocast when bf16=True; kernelizing at the end of Trainer.__init__,
+    # before that, puts the fused loss inside the wrapper (after it, the loss kind would have to leave it alone).
+    plain, _ = _train(tmp_path, None, bf16=True, max_steps=6)
+    fused, model = _train(tmp_path, KernelizeCallback(plugin_manager=pm), bf16=True, max_steps=6)
+    assert "_original_forward" in model.__dict__, "accelerate did not wrap the forward for mixed precision"
+    loss = [e for e in kernels_core.get_report(model).entries if e.kind == "causal_lm_loss"]
+    assert loss[0].applied, loss
+    # bf16 autocast: the fused loss rounds the matmul per chunk like the eager one, in another order.
+    assert_losses_equal(step_losses(fused), step_losses(plain), rtol=2e-3, what="bf16 autocast")
+
+
+def test_callback_added_after_construction_kernelizes_at_train_begin(tmp_path, pm):
+    plain, _ = _train(tmp_path, None, max_steps=4)
+    model = tiny_causal_lm("qwen3")
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=4), train_dataset=token_dataset(),
+                      data_collator=pad_collate)
+    trainer.add_callback(KernelizeCallback(plugin_manager=pm))
+    assert kernels_core.get_report(model) is None
+    trainer.train()
+    assert kernels_core.get_report(model).applied
+    assert_losses_equal(step_losses(trainer), step_losses(plain), what="added after construction")
+
+
 def test_torch_compile_uses_the_compile_mode(tmp_path, pm):
     overrides = {"torch_compile": True, "torch_compile_backend": "aot_eager", "max_steps": 4}
     plain, _ = _train(tmp_path, None, **overrides)
@@ -196,10 +220,16 @@ def test_a_failing_kernelize_names_the_kernel_and_leaves_the_model_alone(tmp_pat
     pm = fresh_plugin_manager((plugin, "broken"))
     model = tiny_causal_lm("qwen3")
     before = _forwards(model)
-    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=token_dataset(),
-                      data_collator=pad_collate, callbacks=[KernelizeCallback(plugin_manager=pm)])
     with pytest.raises(KernelizeError, match=r"KernelizeCallback: kernelize\(Qwen3ForCausalLM.*unchanged.*"
                                              r"plugin 'broken'.*broken\.rms_norm.*no launch configuration"):
+        Trainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=token_dataset(),
+                data_collator=pad_collate, callbacks=[KernelizeCallback(plugin_manager=pm)])
+    assert _forwards(model) == before
+    # Added after the Trainer was built, the callback kernelizes when training begins: same error, same guarantee.
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=token_dataset(),
+                      data_collator=pad_collate)
+    trainer.add_callback(KernelizeCallback(plugin_manager=pm))
+    with pytest.raises(KernelizeError, match=r"failed when training began.*broken\.rms_norm"):
         trainer.train()
     assert _forwards(model) == before
     assert not (tmp_path / "out" / REPORT_FILE).exists()

@@ -1,9 +1,14 @@
 """``KernelizeCallback``: kernelize the model a transformers ``Trainer`` (or a TRL trainer) trains.
 
-The Trainer calls ``on_train_begin`` after it has wrapped and prepared the model (DDP, FSDP2 through accelerate,
-``torch.compile`` when ``torch_compile=True``) and before the first step. The callback kernelizes the module
-under those wrappers then: FSDP2 and DDP are handled by kernelize in either order, and compilation is lazy, so
-the kernels are what gets traced at the first step.
+The callback kernelizes in ``on_init_end``, at the end of ``Trainer.__init__``, when the model is on its device
+but nothing has wrapped it yet. What the Trainer adds later keeps calling the kernels: accelerate's
+mixed-precision wrapper (``bf16=True``) wraps the kernelized forward, DDP and FSDP2 are handled by kernelize in
+either order, ``torch.compile`` traces the kernels at the first step, and TRL's fused LM head, patched in after
+``Trainer.__init__``, wraps the kernelized forward. Had the callback waited for ``on_train_begin`` (which in
+transformers 5.23 fires after ``accelerator.prepare``), accelerate's mixed-precision wrapper would already be the
+instance forward of the ``*ForCausalLM`` and the loss kind would have to leave it alone. ``on_train_begin``
+kernelizes only a model that is not kernelized yet (``model_init`` builds a new one in ``train()``, or the callback
+was added after the Trainer was built), then logs the summary and writes the report.
 """
 
 from __future__ import annotations
@@ -21,12 +26,9 @@ from transformers.utils import logging as hf_logging
 from .._config import ConfigError
 from .._config import KernelsConfig
 from .._config import load_config
-from .._forward import KernelForward
-from .._forward import ReroutedForward
 from .._kernelize import REPORT_ATTR
 from .._kernelize import get_report
 from .._kernelize import kernelize
-from .._kinds._context import BINDING_ATTR
 from .._kinds._context import forward_slot
 from .._manager import KernelsPluginManager
 from .._report import KernelizeReport
@@ -60,24 +62,13 @@ def _trl_head(module: nn.Module) -> bool:
 
     TRL copies the class forward's name onto its wrapper (``functools.wraps``), so it is recognised by its code.
     """
-    value = module.__dict__.get(forward_slot(module))
+    namespace = module.__dict__
+    # accelerate's mixed-precision wrapper keeps the forward it wrapped in _original_forward.
+    value = namespace.get("_original_forward", namespace.get(forward_slot(module)))
     fn = getattr(value, "__func__", value)
     globals_ = getattr(fn, "__globals__", None) or {}
     return str(globals_.get("__name__", "")).startswith("trl.") and getattr(
         getattr(fn, "__code__", None), "co_name", "") == "_fused_forward"
-
-
-def _wrapped_after_kernelize(model: nn.Module) -> list[str]:
-    """Modules whose kernels-core forward another library replaced afterwards (and so now calls from inside)."""
-    wrapped = []
-    for name, module in model.named_modules():
-        record = module.__dict__.get(BINDING_ATTR)
-        slot = forward_slot(module)
-        if record is None or slot not in record.previous:
-            continue
-        if not isinstance(module.__dict__.get(slot), (KernelForward, ReroutedForward)):
-            wrapped.append(name or type(module).__name__)
-    return wrapped
 
 
 def loss_owner(model: nn.Module) -> str:
@@ -119,8 +110,15 @@ def _annotate_trl(model: nn.Module) -> None:
     entries = []
     for entry in report.entries:
         module = model.get_submodule(entry.module) if entry.module else model
-        if entry.kind == "causal_lm_loss" and not entry.applied and _trl_head(module):
-            entry = dataclasses.replace(entry, reason=f"{_TRL_HEAD} runs here and computes the loss; {entry.reason}")
+        said = _TRL_HEAD in (entry.note or entry.reason or "")
+        if entry.kind == "causal_lm_loss" and _trl_head(module) and not said:
+            if entry.applied:
+                entry = dataclasses.replace(entry, note=f"{_TRL_HEAD} wraps this forward and computes the training "
+                                                        "loss; the kernel runs only when TRL calls the model's own "
+                                                        "forward with labels")
+            else:
+                entry = dataclasses.replace(entry, reason=f"{_TRL_HEAD} runs here and computes the loss; "
+                                                          f"{entry.reason}")
         entries.append(entry)
     model.__dict__[REPORT_ATTR] = dataclasses.replace(report, entries=tuple(entries))
 
@@ -136,7 +134,7 @@ def _check_config(config: object) -> None:
 
 
 class KernelizeCallback(TrainerCallback):
-    """Kernelize the model a ``Trainer`` trains, whatever wrapping the Trainer applied, when training begins.
+    """Kernelize the model a ``Trainer`` trains, under whatever wrapping the Trainer applies.
 
     The mode is ``Mode.TRAINING``, plus ``Mode.TORCH_COMPILE`` when ``TrainingArguments.torch_compile`` is set.
     The summary is logged on the Trainer's logger (``transformers.trainer.kernels_core``, at INFO, main process
@@ -198,30 +196,35 @@ class KernelizeCallback(TrainerCallback):
             return self.mode
         return Mode.TRAINING | Mode.TORCH_COMPILE if getattr(args, "torch_compile", False) else Mode.TRAINING
 
+    def _kernelize(self, args: Any, target: nn.Module, when: str) -> None:
+        if getattr(args, "use_liger_kernel", False):
+            raise ValueError("KernelizeCallback and TrainingArguments(use_liger_kernel=True) both replace the same "
+                             "layers (norms, MLPs, RoPE, the loss); use one of them")
+        mode = self._mode(args)
+        try:
+            kernelize(target, mode=mode, config=self.config, strict=self.strict,  # type: ignore[arg-type]
+                      plugin_manager=self.plugin_manager)
+        except KernelizeError as exc:
+            raise KernelizeError(f"KernelizeCallback: kernelize({type(target).__name__}, mode={mode}) failed {when}; "
+                                 f"the model is unchanged: {exc}") from exc
+
+    def on_init_end(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                    **kwargs: Any) -> None:
+        # Before the Trainer (or TRL) wraps anything: kernels then sit inside accelerate's mixed-precision wrapper
+        # and under TRL's fused LM head, which both keep calling the forward they found.
+        if model is not None:
+            self._kernelize(args, _unwrap(model), "when the Trainer was built")
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
                        **kwargs: Any) -> None:
         if model is None:
             raise KernelizeError("KernelizeCallback: the Trainer passed no model to on_train_begin")
-        if getattr(args, "use_liger_kernel", False):
-            raise ValueError("KernelizeCallback and TrainingArguments(use_liger_kernel=True) both replace the same "
-                             "layers (norms, MLPs, RoPE, the loss); use one of them")
         target = _unwrap(model)
-        wrapped = _wrapped_after_kernelize(target)
-        if wrapped:
-            # Kernelizing again would restore these modules' pre-kernelize forwards and drop the wrapper another
-            # library (TRL's fused LM head) put around the kernel: keep the kernels bound before the trainer.
-            logger.warning("KernelizeCallback: %s was kernelized before the trainer and its forward of %s was "
-                           "wrapped since (%s); keeping the kernels bound then", type(target).__name__,
-                           ", ".join(wrapped), _TRL_HEAD if _trl_head(target) else "another library")
-        else:
-            mode = self._mode(args)
-            try:
-                kernelize(target, mode=mode, config=self.config, strict=self.strict,  # type: ignore[arg-type]
-                          plugin_manager=self.plugin_manager)
-            except KernelizeError as exc:
-                raise KernelizeError(f"KernelizeCallback: kernelize({type(target).__name__}, mode={mode}) failed "
-                                     f"when training began; the model is unchanged: {exc}") from exc
-            _annotate_trl(target)
+        if get_report(target) is None:
+            # A model made by model_init in train(), or a callback added after the Trainer was built: kernelize
+            # what the Trainer has prepared (DDP and FSDP2 either way; compilation is lazy).
+            self._kernelize(args, target, "when training began")
+        _annotate_trl(target)
         report = get_report(target)
         self.report = report
         self.loss = loss_owner(target)
