@@ -30,6 +30,7 @@ __all__ = ["cuda_kernel_specs"]
 TRITON_CAPABILITY = CapabilityRange(min=(8, 0))
 
 PRIORITY_TUNED = 120
+PRIORITY_GROUPED_MM = 118
 PRIORITY_TRITON = 115
 PRIORITY_LIGER = 110
 PRIORITY_NATIVE = 100
@@ -65,9 +66,25 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
         capability=TRITON_CAPABILITY,
         description="the native add + F.rms_norm below a measured size, the fused Triton kernel above it",
     )
+    experts = tuple(
+        KernelSpec(
+            id=f"{BACKEND}.moe_experts.grouped_mm_{name}",
+            kind="moe_experts",
+            variants=(variant,),
+            backend=BACKEND,
+            impl=f"kernels_triton._experts:moe_experts_{variant}",
+            priority=PRIORITY_GROUPED_MM,
+            supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
+            capability=TRITON_CAPABILITY,
+            description=f"{name} experts as two torch._grouped_mm products, routing sorted on the device (no host "
+                        "sync, nothing autotuned; custom ops under compile for float16/float32)",
+        )
+        for name, variant in (("silu", "silu"), ("gelu", "gelu_tanh"))
+    )
     return (
         tuned,
         tuned_residual,
+        *experts,
         *triton_kernel_specs(BACKEND, priority=PRIORITY_TRITON, capability=TRITON_CAPABILITY),
         *liger_kernel_specs(BACKEND, priority=PRIORITY_LIGER, capability=TRITON_CAPABILITY),
         *native_kernel_specs(BACKEND, priority=PRIORITY_NATIVE),

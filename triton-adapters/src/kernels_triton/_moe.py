@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _native
+from . import _experts
 from ._compile import tracing
 from ._device import on_device_of
 
@@ -24,15 +24,16 @@ def moe_experts_silu(
 ) -> torch.Tensor:
     """transformers 5 ``*Experts.forward`` (SiLU) with ``LigerFusedMoEFunction``.
 
-    Liger wants the routing indices as int32. Routing builds its metadata with data-dependent shapes, so while
-    Dynamo traces this function it takes a dense static-shape path instead (correct, ``E`` times the arithmetic);
-    the kernel is therefore declared without ``torch.compile`` support.
+    Liger wants the routing indices as int32. Liger builds its routing metadata with data-dependent shapes, so
+    while Dynamo traces this function (and on CPU) it takes the grouped-product path of
+    :mod:`kernels_triton._experts` instead, which traces without graph breaks; the kernel itself is declared
+    without ``torch.compile`` support.
 
     Example:
         >>> import torch
         >>> x = torch.randn(3, 4)
         >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
-        ...                  torch.randn(2, 6, 4), torch.randn(2, 4, 3)).shape   # CPU: native path
+        ...                  torch.randn(2, 6, 4), torch.randn(2, 4, 3)).shape   # CPU: grouped products
         torch.Size([3, 4])
     """
     usable = (
@@ -42,7 +43,7 @@ def moe_experts_silu(
         and hidden_states.dim() == 2
     )
     if not usable:
-        return _native.moe_experts_dense(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+        return _experts.moe_experts_silu(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     from liger_kernel.ops import LigerFusedMoEFunction
 
     with on_device_of(hidden_states):

@@ -210,7 +210,7 @@ def moe_experts_dense(
     """Experts computed densely with static shapes: every expert sees every token, weighted by its routing weight.
 
     ``E`` times the arithmetic of a routed implementation, but no data-dependent shapes, so it traces under
-    ``torch.compile(fullgraph=True)``. The Liger MoE adapter takes this path only while Dynamo traces it.
+    ``torch.compile(fullgraph=True)``. A reference for tests; the kernels use :mod:`kernels_triton._experts`.
 
     Example:
         >>> import torch

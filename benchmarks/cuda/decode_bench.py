@@ -1,0 +1,270 @@
+"""Greedy decoding through ``model.generate``: milliseconds per generated token, eager against kernelize, compile
+and kernelize + compile, on the Qwen3-0.6B shape and the Llama-3.1-8B shape cut to 4 layers (random weights, bf16),
+batch 1 and 8, dynamic and static cache. Each (model, variant) runs in a fresh process.
+
+    python benchmarks/cuda/decode_bench.py --out benchmarks/results/decode-h100.json
+
+Variants: ``eager``; ``kernelize`` (``Mode.INFERENCE``); ``compile`` and ``kernelize_compile`` (``Mode.INFERENCE |
+Mode.TORCH_COMPILE``). Without compile, generate's own compilation is switched off (``disable_compile``). With
+compile, the dynamic cache runs ``torch.compile(model.forward)``; the static cache runs generate's own compiled
+forward (transformers compiles it with CUDA graphs when the cache is static). ``--profile`` adds, per variant and
+batch, the host time per operator of a few decode steps (where a fixed per-call cost shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+
+MODELS = {
+    "qwen3-0.6b": dict(
+        family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "llama-3.1-8b-4l": dict(
+        family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    ),
+}
+VARIANTS = ["eager", "kernelize", "compile", "kernelize_compile"]
+
+
+def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, layers: int | None = None,
+          **overrides):
+    """A randomly initialised model of one of :data:`MODELS` (``overrides``: smaller sizes for tests)."""
+    import transformers
+
+    spec = dict(MODELS[name])
+    family = spec.pop("family")
+    spec.update(overrides)
+    if layers is not None:
+        spec["num_hidden_layers"] = layers
+    config_cls, model_cls = {"qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+                             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[family]
+    torch.manual_seed(0)
+    config = config_cls(**spec, attn_implementation="sdpa")
+    with torch.device(device):
+        return model_cls(config).to(dtype).eval()
+
+
+def prepare(model, variant: str) -> str:
+    """Apply ``variant`` to ``model`` in place; returns what was bound."""
+    how = ""
+    if variant.startswith("kernelize"):
+        import kernels_core
+
+        mode = kernels_core.Mode.INFERENCE
+        if variant.endswith("compile"):
+            mode |= kernels_core.Mode.TORCH_COMPILE
+        kernels_core.kernelize(model, mode=mode)
+        how = kernels_core.get_report(model).summary()
+    return how
+
+
+def generate_kwargs(cache: str, variant: str, new_tokens: int) -> dict:
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    compiled = variant.endswith("compile")
+    # generate compiles the forward by itself for a static cache; only the compile variants may.
+    kwargs["disable_compile"] = not (compiled and cache == "static")
+    return kwargs
+
+
+def _profile(model, ids, kwargs) -> list[dict]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, torch.no_grad():
+        model.generate(ids, **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})
+        torch.cuda.synchronize()
+    rows = [{"op": e.key[:100], "calls": e.count, "cpu_self_ms": round(e.self_cpu_time_total / 1e3, 3),
+             "cpu_total_ms": round(e.cpu_time_total / 1e3, 3), "gpu_ms": round(e.device_time_total / 1e3, 3)}
+            for e in prof.key_averages()]
+    rows.sort(key=lambda r: -r["cpu_self_ms"])
+    return rows[:30]
+
+
+def run_variant(model_name: str, variant: str, *, batches: list[int], caches: list[str], new_tokens: int,
+                prompt: int, repeats: int, profile: bool) -> list[dict]:
+    model = build(model_name)
+    how = prepare(model, variant)
+    if variant.endswith("compile"):
+        model.forward_uncompiled = model.forward
+    rows = []
+    for cache in caches:
+        if variant.endswith("compile"):
+            torch._dynamo.reset()
+            model.forward = model.forward_uncompiled
+            if cache == "dynamic":
+                model.forward = torch.compile(model.forward_uncompiled)
+        for batch in batches:
+            row = {"model": model_name, "variant": variant, "cache": cache, "batch": batch, "binding": how}
+            try:
+                gen = torch.Generator(device="cuda").manual_seed(batch)
+                ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device="cuda", generator=gen)
+                kwargs = generate_kwargs(cache, variant, new_tokens)
+                with torch.no_grad():
+                    start = time.perf_counter()
+                    first = model.generate(ids, **kwargs)
+                    torch.cuda.synchronize()
+                    row["first_generate_s"] = round(time.perf_counter() - start, 2)
+                    model.generate(ids, **kwargs)  # a static cache's graphs are recorded over the first calls
+                    times = []
+                    for _ in range(repeats):
+                        torch.cuda.synchronize()
+                        start = time.perf_counter()
+                        out = model.generate(ids, **kwargs)
+                        torch.cuda.synchronize()
+                        times.append(time.perf_counter() - start)
+                    # Prefill alone, to take it out of the per-token figure.
+                    pre = []
+                    for _ in range(repeats):
+                        start = time.perf_counter()
+                        model.generate(ids, **{**kwargs, "max_new_tokens": 1, "min_new_tokens": 1})
+                        torch.cuda.synchronize()
+                        pre.append(time.perf_counter() - start)
+                times.sort()
+                pre.sort()
+                total, prefill = times[len(times) // 2], pre[len(pre) // 2]
+                row.update({
+                    "generate_s": round(total, 4), "prefill_s": round(prefill, 4),
+                    "ms_per_token": round(1e3 * (total - prefill) / (new_tokens - 1), 3),
+                    "tokens_head": out[0, prompt:prompt + 8].tolist(),
+                    "same_tokens_first_and_last": bool(torch.equal(first, out)),
+                })
+                if profile:
+                    row["profile"] = _profile(model, ids, kwargs)
+            except Exception as exc:  # noqa: BLE001 - a failing cell is a result to report
+                row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
+                row["traceback"] = traceback.format_exc()[-3000:]
+            rows.append(row)
+    if variant.endswith("compile"):
+        from torch._dynamo.utils import counters
+
+        for row in rows:
+            row["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--caches", default="dynamic,static")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    caches = args.caches.split(",")
+    if args.child:
+        model_name, variant = args.child.split(":")
+        rows = run_variant(model_name, variant, batches=batches, caches=caches, new_tokens=args.new_tokens,
+                           prompt=args.prompt, repeats=args.repeats, profile=args.profile)
+        args.out.write_text(json.dumps(rows))
+        return
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from _common import environment
+    from _common import write_json
+
+    rows = []
+    for model_name in args.models.split(","):
+        for variant in args.variants.split(","):
+            tmp = args.out.with_name(f".{model_name}-{variant}.json")
+            cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
+                   "--batches", args.batches, "--caches", args.caches, "--new-tokens", str(args.new_tokens),
+                   "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
+            cmd += ["--profile"] if args.profile else []
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
+                got = json.loads(tmp.read_text()) if tmp.exists() else [{"model": model_name, "variant": variant}]
+                if proc.returncode != 0:
+                    got[-1]["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+            except subprocess.TimeoutExpired:
+                got = [{"model": model_name, "variant": variant, "process_error": f"timed out after {args.timeout}s"}]
+            tmp.unlink(missing_ok=True)
+            for row in got:
+                brief = {k: v for k, v in row.items() if k not in ("profile", "traceback", "binding", "tokens_head")}
+                print(json.dumps(brief), flush=True)
+                for op in row.get("profile", [])[:12]:
+                    print(f"    {op['cpu_self_ms']:8.2f} ms cpu {op['gpu_ms']:8.2f} ms gpu {op['calls']:6d}x "
+                          f"{op['op']}", flush=True)
+            rows.extend(got)
+    _ratios(rows)
+    write_json(args.out, {
+        "environment": {**environment(), "commit": git_commit()},
+        "config": f"greedy generate, prompt {args.prompt} tokens, {args.new_tokens} new tokens, bf16, sdpa; "
+                  "ms_per_token excludes the prefill (a 1-token generate)",
+        "rows": rows,
+    })
+    _chart(rows, args.out.with_suffix(".png"))
+
+
+def git_commit() -> str | None:
+    """The commit measured: ``KERNELS_BENCH_COMMIT`` (set where the copy has no ``.git``) or ``git rev-parse``."""
+    if os.environ.get("KERNELS_BENCH_COMMIT"):
+        return os.environ["KERNELS_BENCH_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=pathlib.Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Speed of each row against its baseline (eager; compile for kernelize_compile), printed and stored."""
+    index = {(r["model"], r["variant"], r.get("cache"), r.get("batch")): r for r in rows}
+    for row in rows:
+        base = "compile" if row["variant"] == "kernelize_compile" else "eager"
+        ref = index.get((row["model"], base, row.get("cache"), row.get("batch")))
+        if ref and row.get("ms_per_token") and ref.get("ms_per_token"):
+            row[f"speed_vs_{base}"] = round(ref["ms_per_token"] / row["ms_per_token"], 3)
+            print(f"{row['model']:16s} {row['cache']:8s} batch {row['batch']}: {row['variant']:18s} "
+                  f"{row['ms_per_token']:7.2f} ms/token  {row[f'speed_vs_{base}']:.3f}x {base}", flush=True)
+
+
+def _chart(rows: list[dict], path: pathlib.Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["model"], r.get("cache"), r.get("batch")) for r in rows if r.get("ms_per_token")})
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(cells)), 4.5))
+    width = 0.8 / max(1, len(variants))
+    for i, variant in enumerate(variants):
+        values = [next((r["ms_per_token"] for r in rows if (r["model"], r.get("cache"), r.get("batch")) == c
+                        and r["variant"] == variant and r.get("ms_per_token")), 0) for c in cells]
+        ax.bar([j + i * width for j in range(len(cells))], values, width, label=variant)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))])
+    ax.set_xticklabels([f"{m}\n{c} b{b}" for m, c, b in cells], fontsize=8)
+    ax.set_ylabel("ms per generated token (lower is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

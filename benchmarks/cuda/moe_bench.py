@@ -1,0 +1,234 @@
+"""MoE training benchmark: the Qwen3-30B-A3B shape (128 experts, top-8) and the Mixtral-8x7B shape (8 experts,
+top-2) cut to a few layers, random weights, bf16, AdamW, 2 x 4096 tokens. Each (model, variant) runs in a fresh
+process; tokens/s over the timed steps, peak memory, and the first step's seconds (kernel compilation, autotuning
+and torch.compile all land there).
+
+    python benchmarks/cuda/moe_bench.py --out benchmarks/results/moe-h100.json
+
+Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
+``hf_grouped_mm`` (``experts_implementation`` set explicitly), ``liger`` (Liger's model patch), ``kernelize``,
+``compile``, ``kernelize_compile``, ``hf_grouped_mm_compile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+
+MODELS = {
+    "qwen3-30b-a3b-4l": dict(
+        family="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        vocab_size=151936, tie_word_embeddings=False, norm_topk_prob=True, max_position_embeddings=40960,
+    ),
+    "mixtral-8x7b-2l": dict(
+        family="mixtral", hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+        num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32000,
+        tie_word_embeddings=False, max_position_embeddings=32768,
+    ),
+}
+VARIANTS = ["eager", "hf_eager", "hf_grouped_mm", "liger", "kernelize", "compile", "kernelize_compile",
+            "hf_grouped_mm_compile"]
+
+
+def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, experts: str | None = None,
+          **overrides):
+    """A randomly initialised model of one of :data:`MODELS`; ``experts`` sets ``experts_implementation``."""
+    import transformers
+
+    spec = {**MODELS[name], **overrides}
+    family = spec.pop("family")
+    config_cls, model_cls = {
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+    }[family]
+    config = config_cls(**spec, attn_implementation="sdpa")
+    if experts is not None:
+        config._experts_implementation = experts
+    torch.manual_seed(0)
+    with torch.device(device):
+        return model_cls(config).to(dtype)
+
+
+def prepare(model, variant: str) -> tuple[object, str]:
+    how = f"experts_implementation={model.config._experts_implementation}"
+    if variant == "liger":
+        import liger_kernel.transformers as liger
+
+        patch = {"qwen3_moe": liger.apply_liger_kernel_to_qwen3_moe,
+                 "mixtral": liger.apply_liger_kernel_to_mixtral}[model.config.model_type]
+        patch(model=model)
+    if variant.startswith("kernelize"):
+        import kernels_core
+
+        mode = kernels_core.Mode.TRAINING
+        if variant.endswith("compile"):
+            mode |= kernels_core.Mode.TORCH_COMPILE
+        kernels_core.kernelize(model, mode=mode)
+        how += "; " + kernels_core.get_report(model).summary()
+    if variant.endswith("compile"):
+        return torch.compile(model), how
+    return model, how
+
+
+def train(model_name: str, variant: str, *, steps: int, warmup: int, tokens: tuple[int, int]) -> dict:
+    experts = {"hf_eager": "eager", "hf_grouped_mm": "grouped_mm",
+               "hf_grouped_mm_compile": "grouped_mm"}.get(variant)
+    model = build(model_name, experts=experts)
+    model.train()
+    runner, how = prepare(model, variant)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    batch = torch.randint(0, model.config.vocab_size, tokens, device="cuda", generator=gen)
+
+    def step():
+        loss = runner(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    losses = [step().item()]
+    first = time.perf_counter() - start
+    for _ in range(warmup):
+        losses.append(step().item())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    losses.append(loss.item())
+    result = {
+        "tokens_per_s": round(steps * batch.numel() / elapsed),
+        "step_ms": round(1e3 * elapsed / steps, 2),
+        "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "first_step_s": round(first, 2),
+        "losses": [round(v, 4) for v in losses],
+        "binding": how,
+    }
+    if variant.endswith("compile"):
+        from torch._dynamo.utils import counters
+
+        result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+    return result
+
+
+def git_commit() -> str | None:
+    """The commit measured: ``KERNELS_BENCH_COMMIT`` (set where the copy has no ``.git``) or ``git rev-parse``."""
+    if os.environ.get("KERNELS_BENCH_COMMIT"):
+        return os.environ["KERNELS_BENCH_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=pathlib.Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--tokens", default="2x4096", help="batch x sequence length")
+    parser.add_argument("--timeout", type=int, default=240)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    tokens = tuple(int(v) for v in args.tokens.split("x"))
+    if args.child:
+        model_name, variant = args.child.split(":")
+        row = {"model": model_name, "variant": variant}
+        try:
+            row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens))
+        except Exception as exc:  # noqa: BLE001 - a failing variant is a result to report
+            row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
+            row["traceback"] = traceback.format_exc()[-3000:]
+        args.out.write_text(json.dumps(row))
+        return
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from _common import environment
+    from _common import write_json
+
+    rows = []
+    for model_name in args.models.split(","):
+        for variant in args.variants.split(","):
+            tmp = args.out.with_name(f".{model_name}-{variant}.json")
+            cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
+                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--tokens", args.tokens]
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
+                row = json.loads(tmp.read_text()) if tmp.exists() else {"model": model_name, "variant": variant}
+                if proc.returncode != 0:
+                    row["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+            except subprocess.TimeoutExpired:
+                row = {"model": model_name, "variant": variant, "process_error": f"timed out after {args.timeout}s"}
+            row["process_s"] = round(time.perf_counter() - start, 1)
+            tmp.unlink(missing_ok=True)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "losses")}), flush=True)
+    _ratios(rows)
+    write_json(args.out, {
+        "environment": {**environment(), "commit": git_commit()},
+        "config": f"bf16, sdpa, AdamW(fused), {args.tokens} tokens, {args.steps} timed steps after "
+                  f"{args.warmup} warm-up steps and the first step",
+        "rows": rows,
+    })
+    _chart(rows, args.out.with_suffix(".png"))
+
+
+def _ratios(rows: list[dict]) -> None:
+    index = {(r["model"], r["variant"]): r for r in rows}
+    for row in rows:
+        if not row.get("tokens_per_s"):
+            continue
+        for base in ("eager", "compile"):
+            ref = index.get((row["model"], base))
+            if ref and ref.get("tokens_per_s"):
+                row[f"speed_vs_{base}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
+        eager = index.get((row["model"], "eager"), {})
+        if eager.get("first_step_s"):
+            row["first_step_vs_eager"] = round(row["first_step_s"] / eager["first_step_s"], 2)
+        print(f"{row['model']:18s} {row['variant']:22s} {row['tokens_per_s']:8d} tok/s  "
+              f"x{row.get('speed_vs_eager', 0):.2f} eager  x{row.get('speed_vs_compile', 0):.2f} compile  "
+              f"peak {row['peak_GiB']:.1f} GiB  first step {row['first_step_s']:.1f} s", flush=True)
+
+
+def _chart(rows: list[dict], path: pathlib.Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 3, figsize=(15, 4 * len(models)), squeeze=False)
+    for axrow, model in zip(axes, models, strict=True):
+        sub = [r for r in rows if r["model"] == model]
+        names = [r["variant"] for r in sub]
+        for ax, key, title in zip(axrow, ("tokens_per_s", "peak_GiB", "first_step_s"),
+                                  ("tokens/s (higher better)", "peak GiB", "first step s"), strict=True):
+            ax.bar(names, [r.get(key) or 0 for r in sub])
+            ax.set_title(f"{model}: {title}")
+            ax.tick_params(axis="x", rotation=45, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Mixture-of-experts experts (transformers 5 ``*Experts``) as two grouped matrix products, with no host syncs.
+
+Every (token, slot) pair is sorted by expert once; the sorted rows then go through ``gate_up_proj`` and
+``down_proj`` with ``torch._grouped_mm`` (one launch per projection for all experts, CUTLASS on Hopper), and the
+outputs are put back in token order and summed over the slots with their routing weights. The routing metadata
+(the permutation and each expert's end offset) comes from ``torch.sort`` and ``torch.searchsorted`` on the
+device: no ``.item()``, no ``nonzero``, no shape that depends on the routing, so the same code runs eagerly and
+under ``torch.compile(fullgraph=True)``, forward and backward, with nothing to autotune on first use.
+
+bfloat16 is traced as ``torch._grouped_mm`` itself (Inductor lowers it). For float16 and float32, which Inductor
+does not lower, the products are traced as this package's ``torch.library`` custom ops with their own backward
+(two more grouped products), so compiled graphs never break there either.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._compile import tracing
+
+
+__all__ = ["experts_forward", "grouped_mm", "moe_experts_gelu_tanh", "moe_experts_silu", "routing"]
+
+_ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def routing(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(perm, rows, ends)``: the (token, slot) pairs sorted by expert, all on the device, no host sync.
+
+    ``perm`` orders the flattened ``[T * K]`` routing by expert (stable, so the result is deterministic),
+    ``rows`` is the token of each sorted pair and ``ends[e]`` (int32) the number of sorted pairs routed to experts
+    ``0..e``: the group offsets ``torch._grouped_mm`` takes. An expert no token picked has an empty group.
+
+    Example:
+        >>> perm, rows, ends = routing(torch.tensor([[2, 0], [0, 3]]), num_experts=4)
+        >>> perm.tolist(), rows.tolist(), ends.tolist()
+        ([1, 2, 0, 3], [0, 1, 0, 1], [2, 2, 3, 4])
+    """
+    flat = top_k_index.reshape(-1)
+    sorted_ids, perm = torch.sort(flat, stable=True)
+    experts = torch.arange(num_experts, device=flat.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
+    return perm, perm // top_k_index.shape[-1], ends
+
+
+def _eager_grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    grouped = getattr(F, "grouped_mm", None)
+    if grouped is not None:
+        return grouped(x, w, offs=offs)
+    return torch._grouped_mm(x, w, offs=offs)
+
+
+@torch.library.custom_op("kernels_triton::experts_grouped_mm", mutates_args=())
+def _gmm_op(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return _eager_grouped_mm(x, w, offs)
+
+
+@_gmm_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[-1])
+
+
+@torch.library.custom_op("kernels_triton::experts_grouped_mm_backward", mutates_args=())
+def _gmm_backward_op(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                     offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # x [S, K] @ w[e] [K, N] per group: dx = grad @ w[e]^T, dw[e] = x_e^T @ grad_e (zero for an empty group).
+    grad_x = _eager_grouped_mm(grad, w.transpose(-2, -1), offs)
+    grad_w = _eager_grouped_mm(x.t(), grad, offs)
+    return grad_x, grad_w.to(w.dtype)
+
+
+@_gmm_backward_op.register_fake
+def _(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return grad.new_empty(x.shape), w.new_empty(w.shape)
+
+
+def _gmm_setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's calling convention
+    x, w, offs = inputs
+    ctx.save_for_backward(x, w, offs)
+
+
+def _gmm_backward(ctx, grad):  # noqa: ANN001, ANN202
+    x, w, offs = ctx.saved_tensors
+    grad_x, grad_w = _gmm_backward_op(grad.contiguous(), x, w, offs)
+    return grad_x, grad_w, None
+
+
+_gmm_op.register_autograd(_gmm_backward, setup_context=_gmm_setup)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``x[rows of group e] @ w[e]`` for each group, groups ending at ``offs`` (int32); differentiable.
+
+    ``x`` is ``[S, K]``, ``w`` is ``[E, K, N]``. Eagerly and for bfloat16 under ``torch.compile`` this is
+    ``torch._grouped_mm``; float16 and float32 are traced as an opaque custom op with its own backward.
+
+    Example:
+        >>> x, w = torch.randn(5, 4), torch.randn(2, 4, 3)
+        >>> out = grouped_mm(x, w, torch.tensor([2, 5], dtype=torch.int32))
+        >>> torch.allclose(out[:2], x[:2] @ w[0], atol=1e-5) and torch.allclose(out[2:], x[2:] @ w[1], atol=1e-5)
+        True
+    """
+    if tracing() and w.dtype != torch.bfloat16:
+        return _gmm_op(x, w, offs)
+    return _eager_grouped_mm(x, w, offs)
+
+
+def experts_forward(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    *,
+    activation: str,
+) -> torch.Tensor:
+    """transformers 5 ``*Experts.forward`` (concatenated ``[gate; up]``, no bias) as two grouped products.
+
+    ``hidden_states [T, H]``, ``top_k_index [T, K]``, ``top_k_weights [T, K]``, ``gate_up_proj [E, 2I, H]``,
+    ``down_proj [E, H, I]``; ``activation`` is ``"silu"`` or ``"gelu_tanh"``. The output ``[T, H]`` is in the
+    hidden dtype; the slots of a token are summed in float32 (eager adds them one by one in the hidden dtype).
+
+    Example:
+        >>> x = torch.randn(3, 4)
+        >>> experts_forward(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 6, 4),
+        ...                 torch.randn(2, 4, 3), activation="silu").shape
+        torch.Size([3, 4])
+    """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"unknown experts activation {activation!r}; expected one of {list(_ACTIVATIONS)}")
+    tokens, top_k = top_k_index.shape
+    hidden = hidden_states.shape[-1]
+    dtype = gate_up_proj.dtype
+    perm, rows, ends = routing(top_k_index, gate_up_proj.shape[0])
+    x = hidden_states[rows].to(dtype)
+    gate, up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends).chunk(2, dim=-1)
+    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+    out = grouped_mm(act * up, down_proj.transpose(-2, -1), ends)
+    # Back to (token, slot) order: perm is a permutation, so this scatter writes every row exactly once.
+    unsorted = torch.empty_like(out).index_copy(0, perm, out).view(tokens, top_k, hidden)
+    weighted = unsorted.float() * top_k_weights.float().unsqueeze(-1)
+    return weighted.sum(dim=1).to(hidden_states.dtype)
+
+
+def moe_experts_silu(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """SwiGLU experts (the ``moe_experts`` calling convention, variant ``silu``).
+
+    Example:
+        >>> x = torch.randn(3, 4)
+        >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 6, 4),
+        ...                  torch.randn(2, 4, 3)).shape
+        torch.Size([3, 4])
+    """
+    return experts_forward(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, activation="silu")
+
+
+def moe_experts_gelu_tanh(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """GeGLU (tanh-GELU) experts (the ``moe_experts`` calling convention, variant ``gelu_tanh``).
+
+    Example:
+        >>> x = torch.randn(3, 4)
+        >>> moe_experts_gelu_tanh(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 6, 4),
+        ...                       torch.randn(2, 4, 3)).shape
+        torch.Size([3, 4])
+    """
+    return experts_forward(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                           activation="gelu_tanh")
