@@ -1,9 +1,11 @@
 """Test sessions, one per package, each in a fresh pip-based venv holding only the core and that package.
 
+    nox                                 # every package's tests, then the documentation site (what CI runs)
     nox -s tests                        # every package
     nox -s "tests(vendor='npu')"        # one package
     nox -s tests -- -x -k rotary        # arguments after -- go to pytest
     nox --no-venv --no-install -s "tests(vendor='cuda')"   # on a machine whose Python already has everything
+    nox -s docs                         # mkdocs build --strict into build/docs-site
 
 One torch for all venvs: torch (with only what torch itself requires) is installed once, with
 `pip install --target`, into `.nox/_shared-torch/<python>-<spec>/`, and every session venv gets a `.pth` file
@@ -31,7 +33,9 @@ import nox.command
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["tests"]
+nox.options.sessions = ["tests", "docs"]
+# The documentation toolchain, as verified with `mkdocs build --strict`.
+DOCS_PACKAGES = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
 
 ROOT = Path(__file__).parent
 # What each session installs (beyond pytest) and which test folders it runs. Each vendor gets the core and
@@ -103,6 +107,14 @@ def tests(session: nox.Session, vendor: str) -> None:
         session.install("pytest>=8", *installs)
     # -rs: every skipped test says why (GPU tests on CPU-only CI, for one).
     session.run("python", "-m", "pytest", *test_dirs, "-p", "no:cacheprovider", "-rs", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml), built strictly: a broken link or an undescribed config key fails."""
+    if session.venv_backend != "none":
+        session.install(*DOCS_PACKAGES)
+    session.run("python", "-m", "mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session
