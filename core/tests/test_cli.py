@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import kernels_core
 import pytest
 from kernels_core import _cli
 from kernels_core import _manager
@@ -32,13 +35,16 @@ def test_devices_lists_the_host_cpu(capsys):
     cpu = [b for b in data["backends"] if b["backend"] == "cpu"]
     assert cpu and cpu[0]["count"] == 1 and cpu[0]["plugin"] == "builtin"
     assert _cli.main(["devices"]) == 0
-    assert "cpu:0" in capsys.readouterr().out
+    # Named as kernelize reports name the device of a CPU module: `cpu`, not `cpu:0`.
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows[0][:3] == ["cpu", "cpu", "0"]
 
 
 def test_kernels_filtered_by_backend(capsys):
-    assert _cli.main(["kernels", "--backend", "cuda", "--json"]) == 0
+    assert _cli.main(["kernels", "--backend", "cpu", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["kernels"] and all(k["backend"] in ("cuda", "any") for k in data["kernels"])
+    assert data["kernels"] and all(k["backend"] in ("cpu", "any") for k in data["kernels"])
+    assert any(k["backend"] == "cpu" for k in data["kernels"])
     assert all("BACKWARD" in k["supports"] for k in data["kernels"])
     assert _cli.main(["kernels"]) == 0
     assert "any.causal_lm_loss.chunked" in capsys.readouterr().out
@@ -48,4 +54,41 @@ def test_help_names_every_command(capsys):
     with pytest.raises(SystemExit):
         _cli.main(["--help"])
     out = capsys.readouterr().out
-    assert all(command in out for command in ("plugins", "devices", "kernels"))
+    assert all(command in out for command in ("plugins", "devices", "kinds", "kernels", "check", "--version"))
+
+
+def test_unknown_backend_is_rejected_naming_the_known_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["kernels", "--backend", "cpux"])
+    assert exit_info.value.code == 2
+    assert "unknown backend 'cpux' (did you mean 'cpu'?); known backends: any, cpu" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kernels-core {kernels_core.__version__}"
+
+
+def test_python_dash_m_runs_the_same_command_line():
+    result = subprocess.run([sys.executable, "-m", "kernels_core", "--version"], capture_output=True, text=True,
+                            check=False)
+    assert (result.returncode, result.stdout.strip()) == (0, f"kernels-core {kernels_core.__version__}")
+    result = subprocess.run([sys.executable, "-m", "kernels_core", "kinds", "--json"], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0 and "rms_norm" in {k["name"] for k in json.loads(result.stdout)["kinds"]}
+
+
+def test_kinds_table_and_json(capsys):
+    assert _cli.main(["kinds"]) == 0
+    table = capsys.readouterr().out
+    header, _, *rows = table.splitlines()
+    assert header.split()[:5] == ["kind", "variants", "target", "options", "plugin"]
+    by_name = {row.split()[0]: row.split() for row in rows}
+    assert by_name["rotary_embedding"][1:3] == ["full,partial,interleaved", "global"]
+    assert by_name["causal_lm_loss"][3:5] == ["materialize_logits", "builtin"]
+    assert _cli.main(["kinds", "--json"]) == 0
+    kinds = {k["name"]: k for k in json.loads(capsys.readouterr().out)["kinds"]}
+    assert kinds["causal_lm_loss"]["options"] == {"materialize_logits": ["bool"]}
+    assert kinds["rms_norm"]["variants"] == ["standard", "offset"] and kinds["rms_norm"]["plugin"] == "builtin"

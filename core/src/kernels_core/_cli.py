@@ -1,15 +1,22 @@
-"""``kernels-core`` command line: what is installed, what was detected, which kernels exist."""
+"""``kernels-core`` command line: what is installed and detected, which kinds and kernels exist, whether they conform.
+
+Devices are named as a tensor on them prints its device (``cpu``, ``cuda:0``), as in kernelize reports.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from . import __version__
 from . import list_kernels
 from . import list_plugins
+from ._check import DEFAULT_COMPILE_BACKEND
+from ._check import device_name
 from ._manager import get_plugin_manager
 from ._report import format_table
 from ._types import Supports
@@ -45,8 +52,8 @@ def _devices(args: argparse.Namespace) -> int:
                          "-", str(backend.priority), plugin.name))
         for device in backend.devices:
             arch = device.arch or (f"sm_{device.capability[0]}{device.capability[1]}" if device.capability else "-")
-            rows.append((backend.backend, f"{backend.device_type}:{device.index}", str(device.index), device.name,
-                         arch, str(backend.priority), plugin.name))
+            rows.append((backend.backend, device_name(backend.device_type, device.index), str(device.index),
+                         device.name, arch, str(backend.priority), plugin.name))
     print(format_table(("backend", "torch device", "index", "name", "arch", "priority", "plugin"), rows))
     return 0
 
@@ -75,25 +82,103 @@ def _kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kinds(args: argparse.Namespace) -> int:
+    kinds = sorted(get_plugin_manager().layer_kinds().values(), key=lambda provided: provided.kind.name)
+    if args.json:
+        payload = []
+        for provided in kinds:
+            kind = provided.kind
+            options = None if kind.options is None else {
+                name: [t.__name__ for t in (types if isinstance(types, tuple) else (types,))]
+                for name, types in kind.options.items()}
+            payload.append({"name": kind.name, "description": kind.description, "variants": list(kind.variants),
+                            "target": kind.target, "hint_names": list(kind.hint_names), "options": options,
+                            "plugin": provided.plugin.name, "distribution": provided.plugin.distribution,
+                            "version": provided.plugin.version})
+        print(json.dumps({"kinds": payload}, indent=2))
+        return 0
+    rows = []
+    for provided in kinds:
+        kind = provided.kind
+        options = "-" if not kind.options else ",".join(sorted(kind.options))
+        rows.append((kind.name, ",".join(kind.variants), kind.target, options, provided.plugin.name,
+                     kind.description))
+    print(format_table(("kind", "variants", "target", "options", "plugin", "description"), rows))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ._check import CheckError
+    from ._check import check
+
+    try:
+        report = check(args.plugins, kernels=args.kernel or (), compile=not args.no_compile,
+                       compile_backend=args.compile_backend)
+    except CheckError as exc:
+        print(f"kernels-core check: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.table())
+        print(report.summary())
+    return 0 if report.ok else 1
+
+
+def _known_backends() -> list[str]:
+    """Backend names a plugin reports (with or without devices) or a kernel is declared for, and ``any``."""
+    pm = get_plugin_manager()
+    names = {backend.backend for backend, _ in pm.backends()} | {p.spec.backend for p in pm.kernels()}
+    return sorted(names | {"any"})
+
+
+def _check_backend(parser: argparse.ArgumentParser, backend: str | None) -> None:
+    if backend is None:
+        return
+    known = _known_backends()
+    if backend not in known:
+        close = difflib.get_close_matches(backend, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        parser.error(f"unknown backend {backend!r}{hint}; known backends: {', '.join(known)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernels-core",
-                                     description="Inspect kernels-core plugins, detected devices and kernels.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="kernels-core",
+        description="Inspect kernels-core plugins, detected devices, layer kinds and kernels, and check kernels "
+                    "against the modules they replace. Also runs as `python -m kernels_core`.")
+    parser.add_argument("--version", action="version", version=f"kernels-core {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, handler, help_text in (
         ("plugins", _plugins, "installed plugins, their distribution, version and load status"),
         ("devices", _devices, "backends and devices detected by the plugins"),
+        ("kinds", _kinds, "layer kinds: variants, target, options and the plugin declaring each"),
         ("kernels", _kernels, "declared kernels (nothing is imported)"),
+        ("check", _check, "run each kernel through its layer kind's conformance test against the eager module it "
+                          "replaces; exit status 1 on any failure"),
     ):
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--json", action="store_true", help="print JSON instead of a table")
         command.set_defaults(handler=handler)
         if name == "kernels":
             command.add_argument("--backend", help="only kernels usable on this backend (portable ones included)")
+        if name == "check":
+            command.add_argument("plugins", nargs="*", metavar="PLUGIN",
+                                 help="check only these plugins' kernels (default: every installed plugin)")
+            command.add_argument("--kernel", action="append", metavar="ID",
+                                 help="check only this kernel id (repeatable)")
+            command.add_argument("--no-compile", action="store_true",
+                                 help="skip the torch.compile(fullgraph=True) runs of compile-safe kernels")
+            command.add_argument("--compile-backend", default=DEFAULT_COMPILE_BACKEND, metavar="BACKEND",
+                                 help="torch.compile backend of those runs (default: %(default)s, which traces "
+                                      "forward and backward without generating code; 'inductor' also compiles)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_backend(parser, getattr(args, "backend", None))
     return int(args.handler(args))
 
 

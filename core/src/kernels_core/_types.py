@@ -208,6 +208,9 @@ class LayerKind:
         target: ``"forward"`` when the adapter returns the module's new forward; ``"global"`` when it returns a
             replacement for one global function the module's forward calls (``match.params["global_name"]``),
             which the core reroutes for that instance only, composing several such kinds on one module.
+        conformance: lazy ``module:attr`` of ``cases() -> Iterable[ConformanceCase]``: small modules of this kind
+            on which ``kernels-core check`` and :func:`kernels_core.testing.assert_conforms` compare every kernel
+            of the kind with the module's own forward. ``None``: kernels of the kind are reported unchecked.
     """
 
     name: str
@@ -217,6 +220,7 @@ class LayerKind:
     adapter: str
     hint_names: tuple[str, ...] = ()
     target: str = "forward"
+    conformance: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "layer kind name")
@@ -226,6 +230,8 @@ class LayerKind:
             raise ValueError(f"layer kind {self.name!r}: variants must be a non-empty tuple of snake_case names")
         _check_ref(self.matcher, f"layer kind {self.name!r} matcher")
         _check_ref(self.adapter, f"layer kind {self.name!r} adapter")
+        if self.conformance is not None:
+            _check_ref(self.conformance, f"layer kind {self.name!r} conformance")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 
+from ._check import CheckReport
+from ._check import ConformanceCase
+from ._check import check
 from ._config import ENV_CONFIG
 from ._config import ENV_DISABLE
 from ._kinds import _reference as reference
@@ -28,7 +31,9 @@ from ._manager import KernelsPluginManager
 __all__ = [
     "ENVIRONMENT_VARIABLES",
     "FAMILIES",
+    "ConformanceCase",
     "assert_close",
+    "assert_conforms",
     "fresh_plugin_manager",
     "isolate_environment",
     "reference",
@@ -124,3 +129,23 @@ def isolate_environment(monkeypatch: Any, directory: Any) -> None:
     for name in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(directory)
+
+
+def assert_conforms(*plugins: str, kernel: str | None = None, plugin_manager: KernelsPluginManager | None = None,
+                    compile: bool = True) -> CheckReport:
+    """Fail unless every kernel of ``plugins`` (or only ``kernel``) conforms, as ``kernels-core check`` decides.
+
+    Each kernel runs through its layer kind's conformance cases against the eager modules it replaces: forward,
+    backward where declared, every declared dtype, ``torch.compile(fullgraph=True)`` where declared. The
+    plugins are the installed ones (entry points) unless ``plugin_manager`` is given. Returns the report, whose
+    skipped rows say what could not be checked here (no device of the kernel's backend, ...).
+
+    Example:
+        >>> def test_my_plugin_conforms():  # doctest: +SKIP
+        ...     assert_conforms("my_plugin")
+    """
+    report = check(plugins, kernels=(kernel,) if kernel else (), plugin_manager=plugin_manager, compile=compile)
+    if report.failures:
+        failed = CheckReport(report.failures, report.compile_backend)
+        raise AssertionError(f"{report.summary()}\n{failed.table()}")
+    return report

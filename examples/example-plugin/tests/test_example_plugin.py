@@ -8,6 +8,7 @@ import torch
 from kernels_core import KernelsPluginManager
 from kernels_core import Mode
 from kernels_core.testing import assert_close
+from kernels_core.testing import assert_conforms
 from kernels_core.testing import tiny_causal_lm
 
 
@@ -38,3 +39,9 @@ def test_new_kind_matches_and_reproduces_eager(family):
     assert_close(out.loss, eager.loss)
     for name, param in model.named_parameters():
         assert_close(param.grad, grads[name], factor=2.0, what=name)
+
+
+def test_every_kernel_conforms():
+    """Forward, backward, every declared dtype and torch.compile, against Starcoder2's and GPT-NeoX's MLPs."""
+    report = assert_conforms("example")
+    assert {r.status for r in report.results} == {"pass"}

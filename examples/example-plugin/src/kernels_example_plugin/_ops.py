@@ -19,10 +19,9 @@ class _GeluRecompute(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            x_ = x.detach().requires_grad_(True)
-            (dx,) = torch.autograd.grad(F.gelu(x_, approximate=ctx.approximate), x_, grad)
-        return dx, None
+        # ATen's own GELU derivative: what eager autograd computes, and traceable by torch.compile (a nested
+        # torch.autograd.grad is not).
+        return torch.ops.aten.gelu_backward(grad, x, approximate=ctx.approximate), None
 
 
 def gelu_recompute(hidden: torch.Tensor, *, approximate: str) -> torch.Tensor:

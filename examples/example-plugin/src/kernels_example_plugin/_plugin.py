@@ -24,6 +24,8 @@ def kernels_core_layer_kinds() -> Iterable[LayerKind]:
             variants=("gelu_tanh", "gelu"),
             matcher=f"{_PKG}._kind:match_plain_mlp",
             adapter=f"{_PKG}._kind:adapt_plain_mlp",
+            # What `kernels-core check` and kernels_core.testing.assert_conforms compare every kernel of the kind with.
+            conformance=f"{_PKG}._conformance:cases",
         )
     ]
 

@@ -1,0 +1,481 @@
+"""Conformance checks: every kernel of the installed plugins against the eager modules it replaces.
+
+A layer kind declares conformance cases (:class:`ConformanceCase`): small real modules of the kind, one per
+variant or more. For each kernel, each case's module is built on a device of the kernel's backend in each dtype
+the kernel declares; the kind's matcher must accept it in the case's variant (as kernelize would), and the kernel,
+applied through the kind's adapter by the same forward objects kernelize binds, must reproduce the module's own
+forward: the outputs, and where the kernel declares ``Supports.BACKWARD`` the gradients of the inputs and of every
+parameter, within :func:`kernels_core.testing.tolerance` of the dtype times the case's factor. A kernel declaring
+``Supports.TORCH_COMPILE`` is run again under ``torch.compile(fullgraph=True)``.
+
+Example:
+    >>> from kernels_core._check import check
+    >>> from kernels_core.testing import fresh_plugin_manager
+    >>> report = check(["portable"], kernels=["any.silu_gated_mlp.recompute"], compile=False,
+    ...                plugin_manager=fresh_plugin_manager())
+    >>> sorted({(r.device, r.dtype, r.status) for r in report.results})
+    [('cpu', 'bfloat16', 'pass'), ('cpu', 'float16', 'pass'), ('cpu', 'float32', 'pass')]
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import sys
+import types
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import asdict
+from dataclasses import dataclass
+from typing import Any
+
+from ._manager import KernelsPluginManager
+from ._manager import ProvidedKernel
+from ._manager import ProvidedKind
+from ._manager import get_plugin_manager
+from ._types import BackendInfo
+from ._types import DeviceInfo
+from ._types import Supports
+
+
+__all__ = [
+    "DEFAULT_COMPILE_BACKEND",
+    "CheckError",
+    "CheckReport",
+    "CheckResult",
+    "ConformanceCase",
+    "check",
+    "device_name",
+]
+
+PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+# Traces forward and backward through Dynamo and AOTAutograd as inductor would (graph breaks and untraceable
+# autograd code fail), without generating code: seconds per case on a CPU. ``inductor`` checks the generated code.
+DEFAULT_COMPILE_BACKEND = "aot_eager"
+_DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
+_IMPLS = "kernels_core._check_impls"
+_COUNTER = itertools.count()
+
+
+class CheckError(ValueError):
+    """A check names a plugin or a kernel that is not installed."""
+
+
+def device_name(device_type: str, index: int) -> str:
+    """How a tensor on this device prints its device, the name reports and listings use.
+
+    Example:
+        >>> device_name("cpu", 0), device_name("cuda", 1)
+        ('cpu', 'cuda:1')
+    """
+    return device_type if device_type == "cpu" else f"{device_type}:{index}"
+
+
+def _tensors(output: Any) -> tuple[Any, ...]:
+    """The tensors of a forward's output: itself, or the tensors of a tuple (first level)."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return (output,)
+    if isinstance(output, (tuple, list)):
+        return tuple(t for t in output if isinstance(t, torch.Tensor))
+    raise TypeError(f"forward returned {type(output).__name__}; give the case an `outputs` function")
+
+
+@dataclass(frozen=True)
+class ConformanceCase:
+    """One module of a layer kind on which every kernel of the kind must reproduce the module's own forward.
+
+    Example:
+        >>> import torch
+        >>> case = ConformanceCase("standard", "LayerNorm(37)",
+        ...                        build=lambda device, dtype: (torch.nn.LayerNorm(37).to(device, dtype), ""),
+        ...                        inputs=lambda target, gen: ((torch.randn(3, 37, generator=gen),), {}))
+        >>> case.variant
+        'standard'
+
+    Args:
+        variant: the kind's variant the module computes; the kind's matcher must report it.
+        name: shown in the check's table (``"LlamaRMSNorm(37)"``).
+        build: ``build(device, dtype) -> (root, target)``: a module tree on ``device`` in ``dtype``, and the
+            qualified name of the module of the kind inside it (``""`` for the root). The root is what the
+            matcher sees as the model (rotary sizes, configuration).
+        inputs: ``inputs(target, generator) -> (args, kwargs)`` for the target's forward, drawn from the CPU
+            ``generator`` and placed on the target's device. Floating-point tensors among the top-level
+            arguments get gradients when the kernel declares a backward.
+        outputs: ``outputs(result) -> tuple of tensors`` to compare; by default the result itself, or the
+            tensors of a returned tuple.
+        factor: the case's bound is ``factor * tolerance(dtype)``; above 1 where the kernel's rounding passes
+            through further layers before the compared outputs (a decoder layer, a whole model).
+    """
+
+    variant: str
+    name: str
+    build: Callable[[Any, Any], tuple[Any, str]]
+    inputs: Callable[[Any, Any], tuple[tuple[Any, ...], dict[str, Any]]]
+    outputs: Callable[[Any], tuple[Any, ...]] = _tensors
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.variant, str) or not self.variant:
+            raise ValueError(f"conformance case {self.name!r}: variant must be a non-empty string")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("a conformance case needs a name")
+        for what in ("build", "inputs", "outputs"):
+            if not callable(getattr(self, what)):
+                raise ValueError(f"conformance case {self.name!r}: {what} must be callable")
+        if not isinstance(self.factor, (int, float)) or not self.factor > 0:
+            raise ValueError(f"conformance case {self.name!r}: factor {self.factor!r} must be a positive number")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One kernel on one case, device and dtype: ``pass``, ``fail`` (with the error and bound) or ``skipped``."""
+
+    kernel: str
+    plugin: str
+    kind: str
+    status: str
+    device: str | None = None
+    dtype: str | None = None
+    case: str | None = None
+    error: float | None = None
+    bound: float | None = None
+    reason: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+    def result_text(self) -> str:
+        if self.status == PASS:
+            return "pass" if self.error is None else f"pass (max err {self.error:.1e})"
+        if self.status == FAIL:
+            text = "FAIL"
+            if self.error is not None and self.bound is not None:
+                text += f" max err {self.error:.2e} (bound {self.bound:.1e})"
+            return f"{text}: {self.reason}" if self.reason else text
+        return f"skipped: {self.reason}"
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every result of one check, printable as a table and as JSON."""
+
+    results: tuple[CheckResult, ...]
+    compile_backend: str | None = DEFAULT_COMPILE_BACKEND
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        return tuple(r for r in self.results if r.failed)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        counts = {status: sum(r.status == status for r in self.results) for status in (PASS, FAIL, SKIPPED)}
+        kernels = len({r.kernel for r in self.results if r.kernel != "-"})
+        return (f"{kernels} kernel(s) checked: {counts[PASS]} passed, {counts[FAIL]} failed, "
+                f"{counts[SKIPPED]} skipped")
+
+    def table(self) -> str:
+        from ._report import format_table
+
+        rows = [(r.kernel, r.plugin, r.device or "-", r.dtype or "-", r.case or "-", r.result_text())
+                for r in self.results]
+        return format_table(("kernel", "plugin", "device", "dtype", "case", "result"), rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "summary": self.summary(), "compile_backend": self.compile_backend,
+                "results": [asdict(r) for r in self.results]}
+
+
+def _unknown(kind: str, names: Iterable[str], known: Iterable[str]) -> None:
+    known = sorted(known)
+    missing = [name for name in names if name not in known]
+    if not missing:
+        return
+    hints = []
+    for name in missing:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise CheckError(f"unknown {kind} {', '.join(hints)}; installed {kind}s: {', '.join(known) or 'none'}")
+
+
+def check(
+    plugins: Sequence[str] = (),
+    *,
+    kernels: Sequence[str] = (),
+    plugin_manager: KernelsPluginManager | None = None,
+    compile: bool = True,
+    compile_backend: str = DEFAULT_COMPILE_BACKEND,
+) -> CheckReport:
+    """Check the kernels of ``plugins`` (all installed plugins when empty), or only ``kernels`` (ids).
+
+    A plugin that failed to load is a failure; a blocked one is skipped. Raises :class:`CheckError` for a
+    plugin or kernel name that is not installed, naming the closest one.
+    """
+    pm = plugin_manager or get_plugin_manager()
+    infos = {info.name: info for info in pm.plugins}
+    _unknown("plugin", plugins, infos)
+    selected = set(plugins) or set(infos)
+    provided = [p for p in pm.kernels() if p.plugin.name in selected]
+    _unknown("kernel", kernels, {p.spec.id for p in provided})
+    results: list[CheckResult] = []
+    for name in sorted(selected):
+        info = infos[name]
+        if info.status != "loaded":
+            status = SKIPPED if info.status == "blocked" else FAIL
+            results.append(CheckResult("-", name, "-", status, reason=f"plugin {info.status}: {info.reason}"))
+        elif plugins and not any(p.plugin.name == name for p in provided):
+            results.append(CheckResult("-", name, "-", SKIPPED, reason="the plugin declares no kernels"))
+    kinds = pm.layer_kinds()
+    backends = pm.backends()
+    for item in provided:
+        if kernels and item.spec.id not in kernels:
+            continue
+        results.extend(_check_kernel(item, kinds.get(item.spec.kind), backends,
+                                     compile_backend=compile_backend if compile else None))
+    return CheckReport(tuple(results), compile_backend if compile else None)
+
+
+def _cases(kind: ProvidedKind) -> tuple[tuple[ConformanceCase, ...] | None, str | None]:
+    """(the kind's cases or None when it declares none, why they could not be loaded)."""
+    from ._forward import load_ref
+
+    if kind.kind.conformance is None:
+        if kind.plugin.name == "builtin":
+            from ._kinds._conformance import CORE_CASES
+
+            return CORE_CASES.get(kind.kind.name), None
+        return None, None
+    try:
+        cases = tuple(load_ref(kind.kind.conformance)())
+    except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; every other kernel is still checked
+        return None, f"the kind's conformance cases {kind.kind.conformance} failed: {type(exc).__name__}: {exc}"
+    bad = [c for c in cases if not isinstance(c, ConformanceCase)]
+    if bad:
+        return None, f"{kind.kind.conformance} returned {type(bad[0]).__name__}, expected ConformanceCase"
+    return cases, None
+
+
+def _device(spec: Any, backends: list[tuple[BackendInfo, Any]]) -> tuple[str | None, DeviceInfo | None, str]:
+    """(device name, its info, why there is none) for a kernel: the host CPU for portable kernels."""
+    backend = "cpu" if spec.portable else spec.backend
+    detected = [b for b, _ in backends if b.backend == backend]
+    with_devices = [b for b in detected if b.devices]
+    if not with_devices:
+        reasons = "; ".join(b.reason for b in detected if b.reason)
+        return None, None, f"no {backend} device detected" + (f" ({reasons})" if reasons else "")
+    info = with_devices[0]
+    device = info.devices[0]
+    name = device_name(info.device_type, device.index)
+    if spec.capability is not None and not spec.portable:
+        if device.capability is None or not spec.capability.contains(device.capability):
+            return None, None, f"{name} has capability {device.capability}, the kernel needs {spec.capability}"
+    if spec.archs and not spec.portable and device.arch not in spec.archs:
+        return None, None, f"{name} is {device.arch}, the kernel needs one of {list(spec.archs)}"
+    from ._resolve import _requirement_problem
+
+    for requirement in spec.requires:
+        problem = _requirement_problem(requirement)
+        if problem:
+            return None, None, problem
+    return name, device, ""
+
+
+def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: list[tuple[BackendInfo, Any]], *,
+                  compile_backend: str | None) -> list[CheckResult]:
+    from ._forward import load_ref
+
+    spec = item.spec
+    base = {"kernel": spec.id, "plugin": item.plugin.name, "kind": spec.kind}
+    if kind is None:
+        return [CheckResult(**base, status=FAIL, reason=f"layer kind {spec.kind!r} is not declared")]
+    cases, problem = _cases(kind)
+    if problem:
+        return [CheckResult(**base, status=FAIL, reason=problem)]
+    if not cases:
+        return [CheckResult(**base, status=SKIPPED, reason="kind declares no conformance test")]
+    device, _info, why = _device(spec, backends)
+    if device is None:
+        return [CheckResult(**base, status=SKIPPED, reason=why)]
+    try:
+        impl = load_ref(spec.impl)
+    except Exception as exc:  # noqa: BLE001 - reported, the other kernels are still checked
+        return [CheckResult(**base, device=device, status=FAIL,
+                            reason=f"impl {spec.impl} failed to import: {type(exc).__name__}: {exc}")]
+    if not callable(impl):
+        return [CheckResult(**base, device=device, status=FAIL, reason=f"impl {spec.impl} is not callable")]
+    results = [CheckResult(**base, device=device, case=f"variant {variant}", status=SKIPPED,
+                           reason="the kind has no conformance case for this variant")
+               for variant in spec.variants if not any(c.variant == variant for c in cases)]
+    applicable = [c for c in cases if c.variant in spec.variants]
+    dtypes = sorted(spec.dtypes, key=_DTYPE_ORDER.index)
+    for dtype in dtypes:
+        for case in applicable:
+            results.append(_run(case, kind, spec, impl, device, dtype, base, compile_backend=None))
+    if compile_backend is not None and Supports.TORCH_COMPILE in spec.supports:
+        # One dtype suffices: tracing does not depend on it, and each compile costs seconds.
+        for case in applicable:
+            results.append(_run(case, kind, spec, impl, device, dtypes[0], base, compile_backend=compile_backend))
+    return results
+
+
+def _register(fn: Callable[..., Any]) -> str:
+    """A fresh ``module:attr`` reference to ``fn``: kernelize's forward objects take kernels by reference."""
+    module = sys.modules.get(_IMPLS)
+    if module is None:
+        module = sys.modules[_IMPLS] = types.ModuleType(_IMPLS)
+    name = f"k{next(_COUNTER)}"
+    setattr(module, name, fn)
+    return f"{_IMPLS}:{name}"
+
+
+def _unregister(ref: str) -> None:
+    from ._forward import _REF_CACHE
+
+    _REF_CACHE.pop(ref, None)
+    module = sys.modules.get(_IMPLS)
+    if module is not None:
+        module.__dict__.pop(ref.partition(":")[2], None)
+
+
+def _kernel_forward(target: Any, kind: ProvidedKind, spec: Any, ref: str, match: Any) -> Callable[..., Any]:
+    """The forward kernelize would bind to ``target`` for this kernel (the module itself is left unchanged)."""
+    from ._forward import GlobalOverride
+    from ._forward import KernelForward
+    from ._forward import ReroutedForward
+
+    layer_kind = kind.kind
+    if layer_kind.target == "global":
+        override = GlobalOverride(kernel_id=spec.id, kind=layer_kind.name, global_name=match.params["global_name"],
+                                  impl=ref, adapter=layer_kind.adapter, match=match, options={})
+        forward: Any = ReroutedForward(target, overrides=(override,))
+    else:
+        forward = KernelForward(target, kernel_id=spec.id, kind=layer_kind.name, impl=ref,
+                                adapter=layer_kind.adapter, match=match, options={})
+    # Built now, as kernelize does: a build at the first call would be a graph break under torch.compile.
+    forward._fn = forward._build()
+    return forward
+
+
+def _message(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+def _compare(pairs: list[tuple[str, Any, Any]]) -> tuple[float, str, str | None]:
+    """(largest relative error, where, a structural problem or None) over (what, actual, expected) pairs."""
+    worst, where = 0.0, ""
+    for what, actual, expected in pairs:
+        if expected is None:
+            continue
+        if actual is None:
+            return float("inf"), what, f"{what}: the kernel gives no gradient"
+        if actual.shape != expected.shape:
+            return float("inf"), what, f"{what}: shape {tuple(actual.shape)}, the module gives {tuple(expected.shape)}"
+        if actual.dtype != expected.dtype:
+            return float("inf"), what, f"{what}: dtype {actual.dtype}, the module gives {expected.dtype}"
+        a, e = actual.detach().double(), expected.detach().double()
+        if not bool(a.isfinite().all()) and bool(e.isfinite().all()):
+            return float("inf"), what, f"{what}: non-finite values where the module has none"
+        err = float((a - e).abs().max() / e.abs().max().clamp_min(1e-12)) if e.numel() else 0.0
+        if err > worst or not where:
+            worst, where = err, what
+    return worst, where, None
+
+
+def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..., Any], device_str: str,
+         dtype_name: str, base: dict[str, str], *, compile_backend: str | None) -> CheckResult:
+    import torch
+
+    from ._forward import load_ref
+    from ._kinds._context import MatchContext
+    from ._types import Match
+    from .testing import tolerance
+
+    label = f"{case.variant}: {case.name}" + (f" [compiled, {compile_backend}]" if compile_backend else "")
+    dtype = getattr(torch, dtype_name)
+    bound = case.factor * tolerance(dtype)
+
+    def result(status: str, reason: str | None = None, error: float | None = None) -> CheckResult:
+        return CheckResult(**base, device=device_str, dtype=dtype_name, case=label, status=status, reason=reason,
+                           error=error, bound=bound if error is not None else None)
+
+    training = Supports.BACKWARD in spec.supports
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            root, target_name = case.build(torch.device(device_str), dtype)
+            target = root.get_submodule(target_name)
+        except Exception as exc:  # noqa: BLE001 - e.g. a dtype the device cannot hold
+            return result(SKIPPED, f"the case's module cannot be built here: {_message(exc)}")
+        root.train(training)
+        verdict = load_ref(kind.kind.matcher)(target, target_name, MatchContext(root))
+        if not isinstance(verdict, Match):
+            why = getattr(verdict, "reason", "it returned no match")
+            return result(FAIL, f"the kind's matcher does not accept the case's module: {why}")
+        if verdict.variant != case.variant:
+            return result(FAIL, f"the kind's matcher reports variant {verdict.variant!r}, the case {case.variant!r}")
+        args, kwargs = case.inputs(target, torch.Generator().manual_seed(1))
+        leaves: list[tuple[str, Any]] = []
+        if training:
+            for index, value in enumerate(args):
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    leaves.append((f"grad of input {index}", value.requires_grad_()))
+            for key, value in kwargs.items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    leaves.append((f"grad of {key}", value.requires_grad_()))
+            leaves += [(f"grad of {name}", p) for name, p in target.named_parameters() if p.requires_grad]
+        grad_mode = torch.enable_grad if training else torch.no_grad
+
+        def run(fn: Callable[..., Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+            with grad_mode():
+                outputs = tuple(case.outputs(fn(*args, **kwargs)))
+                if not training:
+                    return outputs, ()
+                upstream = [torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(o) for o in outputs]
+                grads = torch.autograd.grad(outputs, [leaf for _, leaf in leaves], upstream, allow_unused=True)
+            return outputs, tuple(grads)
+
+        try:
+            expected, expected_grads = run(target)
+        except Exception as exc:  # noqa: BLE001 - the reference cannot run here (a dtype the device lacks)
+            return result(SKIPPED, f"the module's own forward fails in {dtype_name} on {device_str}: {_message(exc)}")
+        calls = [0]
+
+        def counted(*a: Any, **k: Any) -> Any:
+            calls[0] += 1
+            return impl(*a, **k)
+
+        ref = _register(counted)
+        try:
+            forward = _kernel_forward(target, kind, spec, ref, verdict)
+            fn: Callable[..., Any] = forward
+            if compile_backend is not None:
+                torch._dynamo.reset()
+                fn = torch.compile(lambda *a, **k: forward(*a, **k), fullgraph=True, backend=compile_backend)
+            try:
+                actual, actual_grads = run(fn)
+            except Exception as exc:  # noqa: BLE001 - the kernel's failure is the result
+                return result(FAIL, f"the kernel raised {_message(exc)}")
+        finally:
+            _unregister(ref)
+            if compile_backend is not None:
+                torch._dynamo.reset()
+    if not calls[0]:
+        return result(SKIPPED, "the kind's adapter did not call the kernel on this case")
+    pairs = [(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected, strict=False))]
+    if len(actual) != len(expected):
+        return result(FAIL, f"{len(actual)} outputs, the module gives {len(expected)}")
+    pairs += [(what, a, e) for (what, _), a, e in zip(leaves, actual_grads, expected_grads, strict=True)]
+    error, where, problem = _compare(pairs)
+    if problem:
+        return result(FAIL, problem)
+    if error > bound:
+        return result(FAIL, f"worst: {where}", error)
+    return result(PASS, error=error)

@@ -1,0 +1,196 @@
+"""Conformance cases of the core layer kinds: small transformers modules every kernel of a kind must reproduce.
+
+Each case builds a real module (a tiny transformers model, or one layer of it) whose math is the kind's in one
+variant, with sizes that are neither powers of two nor multiples of a vector width: hidden size 44 (rotary head
+dimension 12), MLP width 67, vocabulary 101, a standalone norm of width 37, 2 x 7 tokens. Norm weights are
+perturbed away from their ones / zeros initialisation, so the weight's rounding and gradient are exercised. The
+kind's own matcher must accept the module in the case's variant before any kernel is compared with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._check import ConformanceCase
+
+
+__all__ = ["CORE_CASES"]
+
+_HIDDEN = 44
+_SETTINGS = {"hidden_size": _HIDDEN, "intermediate_size": 67, "vocab_size": 101, "head_dim": 12}
+_BATCH, _TOKENS = 2, 7
+
+
+def _perturb_norms(module: nn.Module, generator: torch.Generator) -> None:
+    """Norm weights of 1 + N(0, 0.5) (standard) or N(0, 0.5) (offset): a fresh norm's constant weight would hide
+    a wrong casting order or a missing weight gradient."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if param.dim() == 1 and "norm" in name:
+                noise = torch.randn(param.shape, generator=generator) * 0.5
+                param.add_(noise.to(param.dtype))
+
+
+def _model(family: str, **overrides: Any) -> Callable[[torch.device, torch.dtype], nn.Module]:
+    def build(device: torch.device, dtype: torch.dtype) -> nn.Module:
+        from ..testing import tiny_causal_lm
+
+        model = tiny_causal_lm(family, dtype=dtype, **{**_SETTINGS, **overrides})
+        _perturb_norms(model, torch.Generator().manual_seed(7))
+        return model.to(device)
+
+    return build
+
+
+def _in(build: Callable[[torch.device, torch.dtype], nn.Module], target: str
+        ) -> Callable[[torch.device, torch.dtype], tuple[nn.Module, str]]:
+    def located(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
+        return build(device, dtype), target
+
+    return located
+
+
+def _hidden(target: nn.Module, generator: torch.Generator, width: int) -> torch.Tensor:
+    parameter = next(target.parameters())
+    x = torch.randn(_BATCH, _TOKENS, width, generator=generator, device=generator.device)
+    return (x * 2 + 0.3).to(device=parameter.device, dtype=parameter.dtype)
+
+
+def _norm_inputs(target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return (_hidden(target, generator, target.weight.shape[0]),), {}
+
+
+def _mlp_inputs(target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return (_hidden(target, generator, _HIDDEN),), {}
+
+
+def _standalone_norm(family: str, width: int) -> Callable[[torch.device, torch.dtype], tuple[nn.Module, str]]:
+    def build(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
+        model = _model(family)(torch.device("cpu"), dtype)
+        norm = type(model.model.norm)(width, eps=1e-5)
+        _perturb_norms(nn.ModuleDict({"norm": norm}), torch.Generator().manual_seed(3))
+        return norm.to(device=device, dtype=dtype), ""
+
+    return build
+
+
+class _WithPositions:
+    """Inputs of a decoder layer or attention module: hidden states and the model's own rotary (cos, sin)."""
+
+    def __init__(self, *, layer: bool) -> None:
+        self.layer = layer
+
+    def __call__(self, target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        x = _hidden(target, generator, _HIDDEN)
+        rotary = target.__dict__.get("_conformance_rotary")
+        position_ids = torch.arange(_TOKENS, device=x.device)[None].expand(_BATCH, -1)
+        cos, sin = rotary(x, position_ids)
+        kwargs: dict[str, Any] = {"position_embeddings": (cos, sin), "attention_mask": None}
+        if self.layer:
+            kwargs["position_ids"] = position_ids
+        return (x,), kwargs
+
+
+def _with_rotary(family: str, target: str, **overrides: Any
+                 ) -> Callable[[torch.device, torch.dtype], tuple[nn.Module, str]]:
+    def build(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
+        model = _model(family, **overrides)(device, dtype)
+        # The inputs need the model's rotary embedding; a plain attribute (not a sub-module) of the target.
+        model.get_submodule(target).__dict__["_conformance_rotary"] = model.model.rotary_emb
+        return model, target
+
+    return build
+
+
+def _ids_inputs(target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    device = next(target.parameters()).device
+    ids = torch.randint(3, 101, (_BATCH, _TOKENS), generator=generator, device=generator.device).to(device)
+    return (), {"input_ids": ids}
+
+
+def _loss_inputs(target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    _, kwargs = _ids_inputs(target, generator)
+    labels = kwargs["input_ids"].clone()
+    labels[0, :3] = -100  # a masked prompt
+    return (), {**kwargs, "labels": labels}
+
+
+def _experts_inputs(target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    gate_up = target.gate_up_proj
+    tokens, experts = 11, gate_up.shape[0]
+    x = torch.randn(tokens, gate_up.shape[-1], generator=generator, device=generator.device)
+    scores = torch.randn(tokens, experts, generator=generator, device=generator.device).softmax(-1)
+    weights, index = torch.topk(scores, 2, dim=-1)
+    device, dtype = gate_up.device, gate_up.dtype
+    return (x.to(device=device, dtype=dtype), index.to(device), weights.to(device=device, dtype=dtype)), {}
+
+
+def _last_hidden(output: Any) -> tuple[torch.Tensor, ...]:
+    return (output.last_hidden_state,)
+
+
+def _loss(output: Any) -> tuple[torch.Tensor, ...]:
+    return (output.loss,)
+
+
+_LAYER = "model.layers.0"
+
+CORE_CASES: dict[str, tuple[ConformanceCase, ...]] = {
+    "rms_norm": (
+        ConformanceCase("standard", "LlamaRMSNorm(37)", _standalone_norm("llama", 37), _norm_inputs),
+        ConformanceCase("offset", "GemmaRMSNorm(37)", _standalone_norm("gemma", 37), _norm_inputs),
+    ),
+    "residual_rms_norm": (
+        # The kernel sits inside a whole decoder layer: attention and MLP gradients flow through it.
+        ConformanceCase("standard", "LlamaDecoderLayer", _with_rotary("llama", _LAYER), _WithPositions(layer=True),
+                        factor=2.0),
+        ConformanceCase("offset", "GemmaDecoderLayer", _with_rotary("gemma", _LAYER), _WithPositions(layer=True),
+                        factor=2.0),
+    ),
+    "layer_norm": (
+        ConformanceCase("bias", "LayerNorm(37)", lambda d, t: (nn.LayerNorm(37).to(device=d, dtype=t), ""),
+                        _norm_inputs),
+        ConformanceCase("no_bias", "LayerNorm(37, bias=False)",
+                        lambda d, t: (nn.LayerNorm(37, bias=False).to(device=d, dtype=t), ""), _norm_inputs),
+    ),
+    "silu_gated_mlp": (
+        ConformanceCase("split", "LlamaMLP", _in(_model("llama"), f"{_LAYER}.mlp"), _mlp_inputs),
+        ConformanceCase("fused", "Phi3MLP", _in(_model("phi3"), f"{_LAYER}.mlp"), _mlp_inputs),
+    ),
+    "gelu_gated_mlp": (
+        ConformanceCase("split", "GemmaMLP", _in(_model("gemma"), f"{_LAYER}.mlp"), _mlp_inputs),
+        ConformanceCase("fused", "Phi3MLP (tanh GELU)",
+                        _in(_model("phi3", hidden_act="gelu_pytorch_tanh"), f"{_LAYER}.mlp"), _mlp_inputs),
+    ),
+    "rotary_embedding": (
+        ConformanceCase("full", "LlamaAttention", _with_rotary("llama", f"{_LAYER}.self_attn"),
+                        _WithPositions(layer=False), factor=2.0),
+        ConformanceCase("partial", "Phi3Attention (half rotary)",
+                        _with_rotary("phi3", f"{_LAYER}.self_attn", partial_rotary_factor=0.5),
+                        _WithPositions(layer=False), factor=2.0),
+    ),
+    "causal_mask": (
+        # Eagerly the kernel hands the call to transformers; under torch.compile it returns no mask, and the
+        # model's output must not change.
+        ConformanceCase("sdpa", "LlamaModel", _in(_model("llama"), "model"), _ids_inputs, outputs=_last_hidden,
+                        factor=2.0),
+    ),
+    "causal_lm_loss": (
+        ConformanceCase("standard", "LlamaForCausalLM", _in(_model("llama"), ""), _loss_inputs, outputs=_loss,
+                        factor=2.0),
+        ConformanceCase("softcap", "Gemma2ForCausalLM", _in(_model("gemma2", final_logit_softcapping=3.0), ""),
+                        _loss_inputs, outputs=_loss, factor=2.0),
+    ),
+    # transformers' grouped matmul needs rows of a multiple of 16 bytes in half precision: width 40, not 44.
+    "moe_experts": (
+        ConformanceCase("silu", "Qwen3MoeExperts", _in(_model("qwen3_moe", hidden_size=40), f"{_LAYER}.mlp.experts"),
+                        _experts_inputs),
+        ConformanceCase("gelu_tanh", "Qwen3MoeExperts (tanh GELU)",
+                        _in(_model("qwen3_moe", hidden_size=40, hidden_act="gelu_pytorch_tanh"),
+                            f"{_LAYER}.mlp.experts"), _experts_inputs),
+    ),
+}

@@ -1,0 +1,118 @@
+"""``kernels-core check``: each kernel against its kind's conformance cases, and the pytest helper."""
+
+from __future__ import annotations
+
+import json
+
+import conformance_plugins
+import pytest
+from kernels_core import _cli
+from kernels_core import _manager
+from kernels_core._check import CheckError
+from kernels_core._check import check
+from kernels_core.testing import assert_conforms
+from kernels_core.testing import fresh_plugin_manager
+
+
+@pytest.fixture
+def wrong_pm():
+    return fresh_plugin_manager((conformance_plugins.Wrong(), "wrong"), (conformance_plugins.Elsewhere(), "elsewhere"))
+
+
+def _rows(report, kernel):
+    return [r for r in report.results if r.kernel == kernel]
+
+
+def test_portable_rms_norm_passes_every_dtype_and_variant_and_compiles(pm):
+    report = check(["portable"], kernels=["any.rms_norm.recompute"], plugin_manager=pm)
+    rows = _rows(report, "any.rms_norm.recompute")
+    eager = {(r.dtype, r.case) for r in rows if "compiled" not in r.case}
+    assert eager == {(d, c) for d in ("float32", "bfloat16", "float16")
+                     for c in ("standard: LlamaRMSNorm(37)", "offset: GemmaRMSNorm(37)")}
+    assert sum("compiled, aot_eager" in r.case for r in rows) == 2
+    assert all(r.status == "pass" and r.device == "cpu" and r.error is not None for r in rows)
+    assert report.ok
+
+
+def test_a_kernel_off_by_a_factor_fails_with_its_error_and_bound(wrong_pm):
+    report = check(["wrong"], kernels=["bad.rms_norm.scaled"], plugin_manager=wrong_pm)
+    (row,) = _rows(report, "bad.rms_norm.scaled")
+    assert row.status == "fail" and row.error > 0.3 and row.bound == pytest.approx(2e-5)
+    assert row.result_text().startswith("FAIL max err") and "(bound 2.0e-05)" in row.result_text()
+    assert not report.ok
+
+
+def test_a_wrong_backward_fails_naming_the_gradient(wrong_pm):
+    (row,) = _rows(check(["wrong"], kernels=["bad.silu.backward"], plugin_manager=wrong_pm), "bad.silu.backward")
+    assert row.status == "fail" and "grad of" in row.reason
+
+
+def test_a_wrong_output_dtype_fails(wrong_pm):
+    rows = _rows(check(["wrong"], kernels=["bad.rms_norm.dtype"], plugin_manager=wrong_pm), "bad.rms_norm.dtype")
+    (row,) = rows
+    assert row.status == "fail" and "dtype torch.float32, the module gives torch.bfloat16" in row.reason
+
+
+def test_a_false_compile_declaration_fails_only_the_compiled_run(wrong_pm):
+    rows = _rows(check(["wrong"], kernels=["bad.silu.compile"], plugin_manager=wrong_pm), "bad.silu.compile")
+    assert [(("compiled" in r.case), r.status) for r in rows] == [(False, "pass"), (True, "fail")]
+    assert "the kernel raised" in rows[1].reason
+
+
+def test_an_impl_that_does_not_import_fails(wrong_pm):
+    (row,) = _rows(check(["wrong"], kernels=["bad.silu.missing"], plugin_manager=wrong_pm), "bad.silu.missing")
+    assert row.status == "fail" and "conformance_plugins:does_not_exist failed to import" in row.reason
+
+
+def test_what_cannot_be_checked_here_is_skipped_with_the_reason(wrong_pm):
+    report = check(["elsewhere"], plugin_manager=wrong_pm)
+    by_kernel = {r.kernel: r for r in report.results if r.status != "pass"}
+    assert by_kernel["acme.silu.fast"].reason == "no acme device detected"
+    assert by_kernel["ok.opaque"].reason == "kind declares no conformance test"
+    assert by_kernel["ok.broken_cases"].status == "fail"
+    assert "RuntimeError: cases need a GPU" in by_kernel["ok.broken_cases"].reason
+    # Inference-only: forward in eval under no_grad, both variants.
+    assert [r.status for r in _rows(report, "ok.silu.inference")] == ["pass", "pass"]
+
+
+def test_unknown_plugin_or_kernel_names_the_closest(wrong_pm):
+    with pytest.raises(CheckError, match=r"unknown plugin 'portabel' \(did you mean 'portable'\?\)"):
+        check(["portabel"], plugin_manager=wrong_pm)
+    with pytest.raises(CheckError, match=r"did you mean 'bad.silu.compile'"):
+        check(["wrong"], kernels=["bad.silu.compiel"], plugin_manager=wrong_pm)
+
+
+def test_a_plugin_that_failed_to_load_is_a_failure():
+    pm = fresh_plugin_manager()
+    pm.strict = False
+    pm.register(object(), "hollow")  # loads, declares nothing
+    report = check(["hollow"], plugin_manager=pm)
+    assert [(r.plugin, r.status, r.reason) for r in report.results] == [
+        ("hollow", "skipped", "the plugin declares no kernels")]
+
+
+@pytest.fixture
+def installed(wrong_pm):
+    previous = _manager.reset_plugin_manager(wrong_pm)
+    yield
+    _manager.reset_plugin_manager(previous)
+
+
+def test_cli_exit_status_and_table(installed, capsys):
+    assert _cli.main(["check", "wrong", "--kernel", "bad.rms_norm.scaled", "--no-compile"]) == 1
+    out = capsys.readouterr().out
+    assert "bad.rms_norm.scaled" in out and "FAIL max err" in out and "1 failed" in out
+    assert _cli.main(["check", "portable", "--kernel", "any.silu_gated_mlp.recompute", "--no-compile",
+                      "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["compile_backend"] is None and len(data["results"]) == 6
+    assert _cli.main(["check", "portabel"]) == 2
+    assert "did you mean 'portable'" in capsys.readouterr().err
+
+
+def test_assert_conforms_is_the_same_check(wrong_pm):
+    report = assert_conforms("portable", kernel="any.silu_gated_mlp.recompute", plugin_manager=wrong_pm,
+                             compile=False)
+    assert report.ok and len(report.results) == 6
+    with pytest.raises(AssertionError, match=r"bad.rms_norm.scaled .* FAIL max err"):
+        assert_conforms("wrong", kernel="bad.rms_norm.scaled", plugin_manager=wrong_pm)
