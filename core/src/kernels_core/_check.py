@@ -302,6 +302,9 @@ def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: lis
     device, _info, why = _device(spec, backends)
     if device is None:
         return [CheckResult(**base, status=SKIPPED, reason=why)]
+    problem = _device_problem(device)
+    if problem:
+        return [CheckResult(**base, device=device, status=SKIPPED, reason=problem)]
     try:
         impl = load_ref(spec.impl)
     except Exception as exc:  # noqa: BLE001 - reported, the other kernels are still checked
@@ -322,6 +325,17 @@ def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: lis
         for case in applicable:
             results.append(_run(case, kind, spec, impl, device, dtypes[0], base, compile_backend=compile_backend))
     return results
+
+
+def _device_problem(device: str) -> str | None:
+    """Why torch cannot hold a tensor on ``device`` in this process (a runtime missing or emulated), or None."""
+    import torch
+
+    try:
+        torch.empty(1, device=device)
+    except Exception as exc:  # noqa: BLE001 - any failure means nothing can run there
+        return f"torch cannot place tensors on {device} here: {_message(exc)}"
+    return None
 
 
 def _register(fn: Callable[..., Any]) -> str:
