@@ -113,6 +113,7 @@ def run_variant(model_name: str, variant: str, *, batches: list[int], caches: li
                 model.forward = torch.compile(model.forward_uncompiled)
         for batch in batches:
             row = {"model": model_name, "variant": variant, "cache": cache, "batch": batch, "binding": how}
+            print(f"{model_name} {variant} {cache} batch {batch}", file=sys.stderr, flush=True)
             try:
                 gen = torch.Generator(device="cuda").manual_seed(batch)
                 ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device="cuda", generator=gen)
@@ -122,6 +123,7 @@ def run_variant(model_name: str, variant: str, *, batches: list[int], caches: li
                     first = model.generate(ids, **kwargs)
                     torch.cuda.synchronize()
                     row["first_generate_s"] = round(time.perf_counter() - start, 2)
+                    print(f"  first generate {row['first_generate_s']} s", file=sys.stderr, flush=True)
                     model.generate(ids, **kwargs)  # a static cache's graphs are recorded over the first calls
                     times = []
                     for _ in range(repeats):
@@ -199,8 +201,11 @@ def main() -> None:
                 got = json.loads(tmp.read_text()) if tmp.exists() else [{"model": model_name, "variant": variant}]
                 if proc.returncode != 0:
                     got[-1]["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
-            except subprocess.TimeoutExpired:
-                got = [{"model": model_name, "variant": variant, "process_error": f"timed out after {args.timeout}s"}]
+            except subprocess.TimeoutExpired as exc:
+                tail = (exc.stderr or b"")[-800:]
+                tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+                got = [{"model": model_name, "variant": variant,
+                        "process_error": f"timed out after {args.timeout}s; last output: {tail}"}]
             tmp.unlink(missing_ok=True)
             for row in got:
                 brief = {k: v for k, v in row.items() if k not in ("profile", "traceback", "binding", "tokens_head")}

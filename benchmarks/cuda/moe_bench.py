@@ -7,7 +7,9 @@ and torch.compile all land there).
 
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
 ``hf_grouped_mm`` (``experts_implementation`` set explicitly), ``liger`` (Liger's model patch), ``kernelize``,
-``compile``, ``kernelize_compile``, ``hf_grouped_mm_compile``.
+``compile``, ``kernelize_compile``, ``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under
+another row name: ``kernelize@warm`` after ``kernelize`` times the first step with Triton's on-disk kernel cache
+filled, as every run after the first on a machine finds it.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def prepare(model, variant: str) -> tuple[object, str]:
     return model, how
 
 
-def train(model_name: str, variant: str, *, steps: int, warmup: int, tokens: tuple[int, int]) -> dict:
+def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tuple[int, int]) -> dict:
+    variant = row_name.split("@")[0]
     experts = {"hf_eager": "eager", "hf_grouped_mm": "grouped_mm",
                "hf_grouped_mm_compile": "grouped_mm"}.get(variant)
     model = build(model_name, experts=experts)

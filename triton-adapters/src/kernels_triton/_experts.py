@@ -89,6 +89,27 @@ def _gmm_backward(ctx, grad):  # noqa: ANN001, ANN202
 _gmm_op.register_autograd(_gmm_backward, setup_context=_gmm_setup)
 
 
+class _GatherRows(torch.autograd.Function):
+    """``hidden_states[rows]`` whose backward sums each token's K slot gradients in one pass.
+
+    The generic indexing backward scatters with atomics (or sorts the indices again); here the rows are a
+    permutation of the ``[T, K]`` slots, so the gradient is put back in slot order and reduced over K.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_states, rows, perm, top_k):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(perm)
+        ctx.top_k = top_k
+        return hidden_states.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        (perm,) = ctx.saved_tensors
+        slots = torch.empty_like(grad).index_copy(0, perm, grad)
+        grad_hidden = slots.view(-1, ctx.top_k, grad.shape[-1]).sum(dim=1)
+        return grad_hidden, None, None, None
+
+
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``x[rows of group e] @ w[e]`` for each group, groups ending at ``offs`` (int32); differentiable.
 
@@ -133,14 +154,16 @@ def experts_forward(
     hidden = hidden_states.shape[-1]
     dtype = gate_up_proj.dtype
     perm, rows, ends = routing(top_k_index, gate_up_proj.shape[0])
-    x = hidden_states[rows].to(dtype)
+    x = _GatherRows.apply(hidden_states.to(dtype), rows, perm, top_k)
     gate, up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends).chunk(2, dim=-1)
     act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
     out = grouped_mm(act * up, down_proj.transpose(-2, -1), ends)
     # Back to (token, slot) order: perm is a permutation, so this scatter writes every row exactly once.
     unsorted = torch.empty_like(out).index_copy(0, perm, out).view(tokens, top_k, hidden)
-    weighted = unsorted.float() * top_k_weights.float().unsqueeze(-1)
-    return weighted.sum(dim=1).to(hidden_states.dtype)
+    # The weighted sum over a token's slots as one batched [1, K] @ [K, H] product (float32 accumulation, no
+    # float32 copy of the [T * K, H] rows).
+    weighted = torch.bmm(top_k_weights.to(out.dtype).unsqueeze(1), unsorted).squeeze(1)
+    return weighted.to(hidden_states.dtype)
 
 
 def moe_experts_silu(
