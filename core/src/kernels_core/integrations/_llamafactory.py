@@ -198,7 +198,7 @@ def register() -> None:
             raise ModuleNotFoundError(
                 "kernels_core.integrations.llamafactory needs LLaMA-Factory 0.9.5 (the 'llamafactory' package) "
                 "with its v1 kernel plugins, which is not installed: pip install 'kernels-core[llamafactory]'",
-                name=exc.name,
+                name="llamafactory",
             ) from exc
         raise
     plugin = KernelPlugin(PLUGIN_NAME)
