@@ -118,6 +118,15 @@ def _run_tensor_parallel(out_dir: Path) -> dict[str, object]:
     # Kernelized straight after loading, before any forward: transformers' TP wrappers register their gradient
     # all-reduce hooks on their first call, which a kernel replacing them would skip.
     model = _load_tensor_parallel(path).train()
+    # transformers 5.6 shards with plain local tensors and keeps lm_head whole; later releases use DTensors, shard
+    # lm_head over the vocabulary and wrap q_norm/k_norm's forward per instance. Both are recorded before kernelize.
+    from transformers import AutoModelForCausalLM
+
+    full = {n: p.shape for n, p in AutoModelForCausalLM.from_pretrained(path).named_parameters()}
+    sharded = sorted(n for n, p in model.named_parameters() if hasattr(p, "placements") or p.shape != full[n])
+    lm_head = model.lm_head.weight
+    lm_head_sharded = hasattr(lm_head, "placements") or lm_head.shape[0] != model.config.vocab_size
+    tp_wrapped_norms = "forward" in model.model.layers[0].self_attn.q_norm.__dict__
     pm = fresh_plugin_manager((reference_plugin, "reference"))
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
     reference_plugin.CALLS.clear()
@@ -127,8 +136,7 @@ def _run_tensor_parallel(out_dir: Path) -> dict[str, object]:
                      for n, g in eager_grads.items())
     return {"kernels": _kernels(model), "eager_loss": eager_loss, "loss": loss, "max_grad_rel_error": grad_error,
             "called": sorted(reference_plugin.CALLS),
-            "tp_wrapped_norms": "forward" in model.model.layers[0].self_attn.q_norm.__dict__,
-            "sharded": sorted(n for n, p in model.named_parameters() if hasattr(p, "placements"))}
+            "tp_wrapped_norms": tp_wrapped_norms, "lm_head_sharded": lm_head_sharded, "sharded": sharded}
 
 
 def main() -> None:
