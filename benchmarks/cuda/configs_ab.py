@@ -1,0 +1,252 @@
+"""Kernelized training tokens/s on published model shapes, A/B between sides that differ only in their environment.
+
+Each (round, shape, side) is one fresh process; the sides alternate within a round and swap order every round, so
+drift on the machine reaches both alike. Shapes are published configs written out here (no downloads), cut to a
+few layers, random weights, bf16, sdpa attention, fused AdamW, batch 4 x 2048; each process kernelizes for
+training, runs warm-up steps, then times ``--steps`` steps.
+
+A side is ``NAME`` or ``NAME:VAR=VALUE[,VAR=VALUE...]``; ``PYTHONPATH`` values are put in front of the current
+one, so a side can run another source tree (for example a copy of a package before a change):
+
+    python benchmarks/cuda/configs_ab.py --sides on:KERNELS_X=1 off:KERNELS_X=0 --out benchmarks/results/x.json
+    python benchmarks/cuda/configs_ab.py --shapes qwen3-0.6b --rounds 5 \\
+        --sides before:PYTHONPATH=.abtree/triton:.abtree/cuda after --out benchmarks/results/y.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+
+HERE = pathlib.Path(__file__).resolve().parent
+BATCH, SEQ = 4, 2048
+
+# Published configs (Hugging Face model cards' config.json), sizes only: rope scaling and generation settings do
+# not change a training step's cost. "layers" is how many decoder layers are built.
+SHAPES: dict[str, dict] = {
+    "qwen3-0.6b": {
+        "model": "Qwen3ForCausalLM", "config": "Qwen3Config", "layers": 28,
+        "kwargs": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936, tie_word_embeddings=True, rms_norm_eps=1e-6),
+    },
+    "llama-3.1-8b": {
+        "model": "LlamaForCausalLM", "config": "LlamaConfig", "layers": 4,
+        "kwargs": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                       head_dim=128, vocab_size=128256, tie_word_embeddings=False, rms_norm_eps=1e-5),
+    },
+    # Gemma-3-4B's text model: five sliding-window layers (1024 tokens) to one global one, so 6 layers hold one
+    # of each kind in the published ratio.
+    "gemma-3-4b": {
+        "model": "Gemma3ForCausalLM", "config": "Gemma3TextConfig", "layers": 6,
+        "kwargs": dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=8, num_key_value_heads=4,
+                       head_dim=256, vocab_size=262208, query_pre_attn_scalar=256, sliding_window=1024,
+                       tie_word_embeddings=True, rms_norm_eps=1e-6),
+    },
+    "qwen3-30b-a3b": {
+        "model": "Qwen3MoeForCausalLM", "config": "Qwen3MoeConfig", "layers": 4,
+        "kwargs": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+                       num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                       norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6),
+    },
+}
+
+
+def build(shape: str):
+    import torch
+    import transformers
+
+    spec = SHAPES[shape]
+    config = getattr(transformers, spec["config"])(**spec["kwargs"], num_hidden_layers=spec["layers"],
+                                                   max_position_embeddings=4096, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return getattr(transformers, spec["model"])(config).to(torch.bfloat16), config.vocab_size
+
+
+def _wait_for_background_builds() -> str:
+    """A kernels-triton tree that builds a C++ autograd extension in the background on first use (one side of an
+    A/B) is timed once it is loaded, in its steady state; returns its status, or "" where there is none."""
+    import importlib.util
+
+    if importlib.util.find_spec("kernels_triton._cpp_extension") is None:
+        return ""
+    from kernels_triton import _cpp_extension
+
+    _cpp_extension.extension(wait=True)
+    return _cpp_extension.status()
+
+
+def train(shape: str, steps: int, warmup: int) -> dict:
+    import kernels_core
+    import kernels_triton
+    import torch
+
+    model, vocab = build(shape)
+    model.train()
+    kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
+    report = kernels_core.get_report(model)
+    if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
+        raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
+    extension = _wait_for_background_builds()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    batch = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=gen)
+
+    def step() -> torch.Tensor:
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    losses = [step().item() for _ in range(warmup)]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    losses.append(loss.item())
+    return {
+        "train_tokens_per_s": steps * batch.numel() / elapsed,
+        "train_step_ms": 1e3 * elapsed / steps,
+        "train_peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
+        "losses": losses,
+        "kernels_triton": str(pathlib.Path(kernels_triton.__file__).parent),
+        "cpp_extension": extension,
+        "binding": report.summary(),
+    }
+
+
+def parse_side(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME[:VAR=VALUE,...]`` -> (name, environment changes).
+
+    Example:
+        >>> parse_side("off:KERNELS_X=0,Y=1")
+        ('off', {'KERNELS_X': '0', 'Y': '1'})
+    """
+    name, _, assignments = text.partition(":")
+    env = {}
+    for item in filter(None, assignments.split(",")):
+        var, sep, value = item.partition("=")
+        if not sep or not var:
+            raise SystemExit(f"side {text!r}: expected NAME or NAME:VAR=VALUE[,VAR=VALUE...], got {item!r}")
+        env[var] = value
+    return name, env
+
+
+def side_environment(changes: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    for var, value in changes.items():
+        if var == "PYTHONPATH":
+            value = os.pathsep.join(str(pathlib.Path(p).resolve()) for p in value.split(os.pathsep))
+            value = os.pathsep.join(filter(None, (value, env.get("PYTHONPATH", ""))))
+        env[var] = value
+    return env
+
+
+def summarise(rows: list[dict], sides: list[str]) -> dict:
+    """Per shape: each side's tokens/s per round and median, and the first side over each other side (median of
+    the per-round ratios, and the ratio of the medians)."""
+    summary: dict = {}
+    for shape in dict.fromkeys(row["shape"] for row in rows):
+        per_side = {side: {row["round"]: row["train_tokens_per_s"] for row in rows
+                           if row["shape"] == shape and row["side"] == side and "train_tokens_per_s" in row}
+                    for side in sides}
+        entry: dict = {side: {"rounds": [round(v) for v in values.values()],
+                              "median": round(statistics.median(values.values())) if values else None}
+                       for side, values in per_side.items()}
+        first = sides[0]
+        for other in sides[1:]:
+            paired = [per_side[first][r] / per_side[other][r] for r in per_side[first] if r in per_side[other]]
+            if paired:
+                entry[f"{first}/{other}"] = {
+                    "median_of_round_ratios": round(statistics.median(paired), 4),
+                    "round_ratios": [round(p, 4) for p in paired],
+                    "ratio_of_medians": round(entry[first]["median"] / entry[other]["median"], 4),
+                }
+        summary[shape] = entry
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--sides", nargs="+", required=True, help="NAME[:VAR=VALUE,...], two or more")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {sorted(SHAPES)}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per process")
+    parser.add_argument("--budget", type=float, default=0, help="seconds: start no process after this (0: none)")
+    parser.add_argument("--commit", default="", help="recorded in the output")
+    parser.add_argument("--what", default="", help="recorded in the output")
+    parser.add_argument("--child", nargs=2, metavar=("SHAPE", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        shape, out = args.child
+        try:
+            result = train(shape, args.steps, args.warmup)
+        except Exception as exc:  # noqa: BLE001 - a failing shape is a result to report
+            result = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
+        pathlib.Path(out).write_text(json.dumps(result))
+        return
+    shapes = args.shapes.split(",")
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown:
+        raise SystemExit(f"unknown shapes {unknown}; expected some of {sorted(SHAPES)}")
+    sides = [parse_side(text) for text in args.sides]
+    if len(sides) < 2:
+        raise SystemExit("--sides needs two or more sides")
+    sys.path.insert(0, str(HERE))
+    from _common import environment
+    from _common import write_json
+
+    rows: list[dict] = []
+    began = time.perf_counter()
+    payload = {"what": args.what, "commit": args.commit, "environment": environment(),
+               "setup": f"kernelize(Mode.TRAINING), bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ}, "
+                        f"{args.warmup} warm-up + {args.steps} timed steps per process",
+               "shapes": {name: {k: v for k, v in SHAPES[name].items()} for name in shapes},
+               "sides": dict(sides), "rows": rows}
+    runs = [(round_index, shape, side) for round_index in range(args.rounds) for shape in shapes
+            for side in (sides if round_index % 2 == 0 else sides[::-1])]
+    for round_index, shape, (name, changes) in runs:
+        if args.budget and time.perf_counter() - began > args.budget:
+            print(f"budget of {args.budget:.0f} s reached: {len(rows)} of {len(runs)} processes ran",
+                  flush=True)
+            break
+        tmp = args.out.with_name(f".{shape}.{name}.json")
+        cmd = [sys.executable, __file__, "--child", shape, str(tmp), "--steps", str(args.steps),
+               "--warmup", str(args.warmup)]
+        row = {"round": round_index, "shape": shape, "side": name}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=side_environment(changes))
+            if tmp.exists():
+                row.update(json.loads(tmp.read_text()))
+            if proc.returncode != 0:
+                row["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+        except subprocess.TimeoutExpired:
+            row["process_error"] = f"timed out after {args.timeout}s"
+        tmp.unlink(missing_ok=True)
+        rows.append(row)
+        shown = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
+                 if k not in ("losses", "traceback", "binding", "kernels_triton")}
+        print(json.dumps(shown), flush=True)
+        payload["summary"] = summarise(rows, [n for n, _ in sides])
+        write_json(args.out, payload)
+    print(json.dumps(payload["summary"], indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
