@@ -169,10 +169,13 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--caches", default="dynamic,static")
+    parser.add_argument("--compile-caches", default="static",
+                        help="caches for the compile variants (default: the static cache generate compiles for)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--compile-timeout", type=int, default=400)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -180,6 +183,8 @@ def main() -> None:
     caches = args.caches.split(",")
     if args.child:
         model_name, variant = args.child.split(":")
+        if variant.endswith("compile"):
+            caches = args.compile_caches.split(",")
         rows = run_variant(model_name, variant, batches=batches, caches=caches, new_tokens=args.new_tokens,
                            prompt=args.prompt, repeats=args.repeats, profile=args.profile)
         args.out.write_text(json.dumps(rows))
@@ -193,11 +198,13 @@ def main() -> None:
         for variant in args.variants.split(","):
             tmp = args.out.with_name(f".{model_name}-{variant}.json")
             cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
-                   "--batches", args.batches, "--caches", args.caches, "--new-tokens", str(args.new_tokens),
+                   "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
+                   "--new-tokens", str(args.new_tokens),
                    "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
             cmd += ["--profile"] if args.profile else []
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
+                limit = args.compile_timeout if variant.endswith("compile") else args.timeout
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=os.environ)
                 got = json.loads(tmp.read_text()) if tmp.exists() else [{"model": model_name, "variant": variant}]
                 if proc.returncode != 0:
                     got[-1]["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
@@ -205,7 +212,7 @@ def main() -> None:
                 tail = (exc.stderr or b"")[-800:]
                 tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
                 got = [{"model": model_name, "variant": variant,
-                        "process_error": f"timed out after {args.timeout}s; last output: {tail}"}]
+                        "process_error": f"timed out; last output: {tail}"}]
             tmp.unlink(missing_ok=True)
             for row in got:
                 brief = {k: v for k, v in row.items() if k not in ("profile", "traceback", "binding", "tokens_head")}
