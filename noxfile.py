@@ -53,8 +53,17 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     # The trainer integrations (transformers Trainer, TRL, accelerate) with the core's portable kernels.
     "integrations": (["./core[test,trl]"],
                      ["core/tests/integrations", "--ignore=core/tests/integrations/llamafactory"]),
-    # LLaMA-Factory pins older transformers / accelerate / trl, so it gets a venv of its own.
-    "llamafactory": (["./core[test,llamafactory]"], ["core/tests/integrations/llamafactory"]),
+    # LLaMA-Factory v1 (llamafactory 0.9.5) pins transformers <= 5.6, so it gets a venv of its own, with what
+    # PYPI_PINS lists; the core's matching (kinds/) and distributed tests run again there, on transformers 5.6.
+    "llamafactory": (["./core[test]"], ["core/tests/integrations/llamafactory", "core/tests/kinds",
+                                        "core/tests/distributed"]),
+}
+# PyPI packages a session installs after its folders, at the versions its tests passed with: (with their
+# dependencies, without). llamafactory's own dependency set (torchvision, torchaudio, gradio, ...) does not install
+# beside the CPU build of torch; its model loading and SFT need only these.
+PYPI_PINS: dict[str, tuple[list[str], list[str]]] = {
+    "llamafactory": (["transformers==5.6.0", "accelerate==1.11.0", "omegaconf==2.4.0", "datasets==4.0.0",
+                      "torchdata==0.11.0"], ["llamafactory==0.9.5"]),
 }
 
 
@@ -105,6 +114,11 @@ def tests(session: nox.Session, vendor: str) -> None:
     if session.venv_backend != "none":
         _install_shared_torch(session)
         session.install("pytest>=8", *installs)
+        pins, pins_without_deps = PYPI_PINS.get(vendor, ([], []))
+        if pins:
+            session.install(*pins)
+        if pins_without_deps:
+            session.install("--no-deps", *pins_without_deps)
     # -rs: every skipped test says why (GPU tests on CPU-only CI, for one).
     session.run("python", "-m", "pytest", *test_dirs, "-p", "no:cacheprovider", "-rs", *session.posargs)
 
