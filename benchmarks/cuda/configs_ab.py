@@ -180,8 +180,8 @@ def summarise(rows: list[dict], sides: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True)
-    parser.add_argument("--sides", nargs="+", required=True, help="NAME[:VAR=VALUE,...], two or more")
+    parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--sides", nargs="+", default=[], help="NAME[:VAR=VALUE,...], two or more")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {sorted(SHAPES)}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
@@ -205,8 +205,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown shapes {unknown}; expected some of {sorted(SHAPES)}")
     sides = [parse_side(text) for text in args.sides]
-    if len(sides) < 2:
-        raise SystemExit("--sides needs two or more sides")
+    if len(sides) < 2 or args.out is None:
+        raise SystemExit("--out and two or more --sides are required")
     sys.path.insert(0, str(HERE))
     from _common import environment
     from _common import write_json
