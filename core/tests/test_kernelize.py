@@ -70,7 +70,8 @@ def two_pm():
 
 
 def _kernels(model, kind="rms_norm"):
-    return {e.kernel for e in kernels_core.get_report(model).entries if e.kind == kind}
+    """The kernels of one kind, or None for modules left without one (covered modules are neither)."""
+    return {e.kernel for e in kernels_core.get_report(model).entries if e.kind == kind and not e.covered}
 
 
 def _snapshot(model):
@@ -109,7 +110,7 @@ def test_config_disables_kernels_and_plugins(two_pm):
     assert _kernels(model) == {"any.rms_norm.recompute"}
     model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, plugin_manager=two_pm,
                                    config={"kinds": {"rms_norm": {"enabled": False}}})
-    entries = [e for e in kernels_core.get_report(model).entries if e.kind == "rms_norm"]
+    entries = [e for e in kernels_core.get_report(model).entries if e.kind == "rms_norm" and not e.covered]
     assert entries and all(e.kernel is None and "disabled by config" in e.reason for e in entries)
 
 
@@ -121,17 +122,27 @@ def test_config_errors_name_key_and_allowed_values(two_pm):
         kernels_core.kernelize(tiny_causal_lm("llama"), config={"kinds": {"rmsnorm": {}}}, plugin_manager=two_pm)
 
 
-def test_strict_raises_for_matched_modules_without_kernel(pm):
+def test_strict_raises_for_matched_modules_whose_backend_kernels_cannot_serve_them():
+    # A CPU rms_norm kernel exists but handles only the offset variant, and no residual kernel covers the
+    # post-attention norms: Llama's five standard norms could have had a kernel on their backend and got none.
+    # Kinds with no CPU kernel at all, like rotary, never count.
+    offset_only = _rms("cpu.rms_norm.offset", "high_rms_norm", 90, variants=("offset",))
+    pm = fresh_plugin_manager((_plugin("offset", [offset_only]), "offset"), portable=False)
     model = tiny_causal_lm("llama")
     before = _snapshot(model)
-    with pytest.raises(KernelizeError, match="rotary_embedding.*no kernel for backend cpu"):
+    with pytest.raises(KernelizeError, match=r"strict kernelize: 5 matched module\(s\) got no kernel: "
+                                             r"model\.layers\.0\.input_layernorm \(rms_norm\): cpu\.rms_norm\.offset: "
+                                             r"variant unsupported"):
         kernels_core.kernelize(model, mode=Mode.TRAINING, strict=True, plugin_manager=pm)
     assert _snapshot(model) == before
-    with pytest.raises(KernelizeError, match="rotary_embedding"):
+    with pytest.raises(KernelizeError, match="rms_norm"):
         kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm,
-                               config={"kinds": {"rotary_embedding": {"strict": True}}})
-    # Strict on a kind that is fully served passes.
+                               config={"kinds": {"rms_norm": {"strict": True}}})
+    assert _snapshot(model) == before
+    # Strict on a kind with no kernel for the backend, or on one fully served, passes.
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm,
+                           config={"kinds": {"rotary_embedding": {"strict": True}}})
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=fresh_plugin_manager(),
                            config={"kinds": {"rms_norm": {"strict": True}}})
 
 

@@ -194,6 +194,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     _check_config_kinds(config, kinds)
     backends = pm.backends()
     resolver = Resolver(pm, config, mode)
+    # id(module) -> (kernel id, enclosing module name) for modules whose forward a planned kernel never calls.
+    covered: dict[int, tuple[str, str]] = {}
     ctx = MatchContext(model)
     matchers = {}
     for name in sorted(kinds):
@@ -214,9 +216,17 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 verdict = Decline(kind_name, f"matcher raised {type(exc).__name__}: {exc}")
             if verdict is None:
                 continue
+            if isinstance(verdict, Match):
+                verdict = _checked_bypasses(verdict, module)
             target = _module_target(module, explicit, backends)
             if isinstance(verdict, Decline):
                 entries.append(_entry(module_name, verdict, target, reason=verdict.reason))
+                continue
+            if id(module) in covered:
+                kernel_id, owner = covered[id(module)]
+                entries.append(_entry(module_name, verdict, target, covered_by=kernel_id, covered_on=owner,
+                                      reason=f"covered by {kernel_id} on {owner or '(model)'}, which computes this "
+                                             "module itself: its forward never runs"))
                 continue
             foreign = instance_override(module) if provided_kind.kind.target == "forward" else None
             if foreign is not None:
@@ -232,7 +242,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             if choice.kernel is None:
                 entry = _entry(module_name, verdict, target, reason=choice.reason)
                 entries.append(entry)
-                if config.kind(kind_name).strict or (config.kind(kind_name).strict is None and config.strict):
+                kind_strict = config.kind(kind_name).strict
+                if choice.unmet and (kind_strict or (kind_strict is None and config.strict)):
                     unmet.append(entry)
                 continue
             plan = plans.setdefault(id(module), _ModulePlan(module_name, module))
@@ -256,7 +267,21 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 continue
             entries.append(_entry(module_name, verdict, target, kernel=spec.id, plugin=plugin.name,
                                   distribution=plugin.distribution, version=plugin.version, note=choice.note))
+            for child in verdict.bypasses:
+                for inner in module.get_submodule(child).modules():
+                    covered.setdefault(id(inner), (spec.id, module_name))
     return list(plans.values()), entries, unmet
+
+
+def _checked_bypasses(match: Match, module: nn.Module) -> Match | Decline:
+    """The match, or a decline if it names a bypassed sub-module the module does not have (a broken matcher)."""
+    for child in match.bypasses:
+        try:
+            module.get_submodule(child)
+        except AttributeError:
+            return Decline(match.kind, f"the matcher says the kernel computes sub-module {child!r}, which "
+                                       f"{type(module).__name__} does not have; left alone")
+    return match
 
 
 def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
@@ -320,7 +345,14 @@ def kernelize(
             ``"rocm"``); by default each module's own device decides, so ``device_map`` models get a choice per
             device.
         config: a dict or TOML path, overriding the environment and file configuration.
-        strict: raise if any matched module gets no kernel (declined modules, whose math differs, never count).
+        strict: raise if a matched module that could get a kernel on its backend got none. A module could get
+            one when an installed kernel of its kind declares the module's backend (or ``"any"``) and
+            configuration does not disable that kernel, its plugin or the kind; such a module left without a
+            kernel (variant, mode, dtype, capability, architecture, a missing requirement or a load failure ruled
+            every such kernel out) raises. A kind with no kernel for the backend at all, a kind or kernel
+            disabled by configuration, a declined module (its math differs), a module left alone because other
+            code replaced its forward, and a module covered by an enclosing module's kernel are reported, never
+            fatal. ``[kinds.<name>] strict`` applies the same rule to one kind (``false`` exempts it).
         plugin_manager: use this manager instead of the process-wide one (tests, embedding frameworks).
 
     Raises:

@@ -17,7 +17,9 @@ class ReportEntry:
     """One matched module and layer kind: the kernel applied, or why none was.
 
     ``reason`` is set when nothing was applied; ``note`` says why an applied kernel is not the first choice
-    (a preferred or higher-priority kernel could not be used).
+    (a preferred or higher-priority kernel could not be used). ``covered_by`` and ``covered_on`` are set when
+    a kernel bound to an enclosing module (``covered_on``) computes this module's math itself, so this module's
+    forward never runs: it gets no kernel of its own and is not counted as a binding.
     """
 
     module: str
@@ -31,10 +33,16 @@ class ReportEntry:
     version: str | None = None
     reason: str | None = None
     note: str | None = None
+    covered_by: str | None = None
+    covered_on: str | None = None
 
     @property
     def applied(self) -> bool:
         return self.kernel is not None
+
+    @property
+    def covered(self) -> bool:
+        return self.covered_by is not None
 
 
 @dataclass(frozen=True)
@@ -57,15 +65,25 @@ class KernelizeReport:
         return tuple(e for e in self.entries if e.applied)
 
     @property
+    def covered(self) -> tuple[ReportEntry, ...]:
+        """Matched modules whose math a kernel on an enclosing module computes (their forward never runs)."""
+        return tuple(e for e in self.entries if e.covered)
+
+    @property
     def skipped(self) -> tuple[ReportEntry, ...]:
-        return tuple(e for e in self.entries if not e.applied)
+        """Matched modules that run their own forward without a kernel."""
+        return tuple(e for e in self.entries if not e.applied and not e.covered)
 
     def summary(self) -> str:
+        """One line: how many matched modules run a kernel, and each kernel with the number of modules it runs on."""
         if self.disabled:
             return f"kernelize ({self.mode}): disabled, no kernel applied ({self.disabled})"
         by_kernel = Counter(e.kernel for e in self.applied)
         parts = ", ".join(f"{kernel} x{count}" for kernel, count in sorted(by_kernel.items()))
         text = f"kernelize ({self.mode}): {len(self.applied)} of {len(self.entries)} matched modules got a kernel"
+        covered = len(self.covered)
+        if covered:
+            text += f", {covered} computed by a kernel on an enclosing module"
         return f"{text} [{parts}]" if parts else text
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,7 +104,10 @@ class KernelizeReport:
         for e in self.entries:
             outcome = e.kernel if e.applied else "-"
             origin = f"{e.distribution} {e.version}" if e.distribution else (e.plugin or "")
-            why = e.note or "" if e.applied else e.reason or ""
+            if e.covered:
+                why = f"covered by {e.covered_by} on {e.covered_on or '(model)'}"
+            else:
+                why = e.note or "" if e.applied else e.reason or ""
             rows.append((e.module or "(model)", e.kind, e.variant or "-", e.backend or "-", outcome, origin, why))
         if collapse:
             rows = _collapse(rows)
@@ -101,13 +122,20 @@ class KernelizeReport:
 
 
 def _collapse(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """Merge rows that differ only by layer numbers in the module path, counting them."""
+    """Merge rows that differ only by layer numbers in the module path (and in the path of the enclosing module
+    that covers them), counting them."""
     import re
+
+    def numbered(path: str) -> str:
+        return re.sub(r"(?<=[A-Za-z_])\.\d+(?=\.|$)", ".*", path)
 
     grouped: dict[tuple[str, ...], int] = {}
     order: list[tuple[str, ...]] = []
     for row in rows:
-        key = (re.sub(r"\.\d+\.", ".*.", row[0]), *row[1:])
+        why = row[-1]
+        if why.startswith("covered by "):
+            why = numbered(why)
+        key = (numbered(row[0]), *row[1:-1], why)
         if key not in grouped:
             order.append(key)
             grouped[key] = 0

@@ -43,9 +43,18 @@ class Target:
 
 @dataclass(frozen=True)
 class Choice:
+    """The kernel chosen for one module, or why there is none.
+
+    ``unmet`` is true when no kernel was chosen although the module could have had one: an installed kernel of
+    its kind declares the module's backend (or ``"any"``) and configuration does not disable it; it was passed
+    over for its variant, mode, dtype, capability, architecture, requirements or a failure to load. Strict
+    kernelize raises for exactly these modules.
+    """
+
     kernel: ProvidedKernel | None
     reason: str | None = None
     note: str | None = None
+    unmet: bool = False
 
 
 @cache
@@ -151,14 +160,18 @@ class Resolver:
                 note = f"fell back: {'; '.join(passed_over)}" if passed_over else None
                 return Choice(provided, note=note)
             problems.append(f"{provided.spec.id}: {problem}")
-        return Choice(None, reason=self._summarise(match, target, candidates, problems))
+        unmet = any(self._serves_backend(p, target) and self._config_block(p, match.kind) is None for p in candidates)
+        return Choice(None, reason=self._summarise(match, target, candidates, problems), unmet=unmet)
+
+    @staticmethod
+    def _serves_backend(provided: ProvidedKernel, target: Target) -> bool:
+        return provided.spec.portable or provided.spec.backend == target.backend
 
     def _summarise(self, match: Match, target: Target, candidates: list[ProvidedKernel], problems: list[str]) -> str:
-        same_backend = [p for p in candidates if p.spec.portable or p.spec.backend == target.backend]
-        if not same_backend:
+        if not any(self._serves_backend(p, target) for p in candidates):
             return f"no kernel for backend {target.backend or target.device} (kind {match.kind})"
-        relevant = [p for p in problems if "runs on backend" not in p]
-        return "; ".join(relevant)
+        # One problem per candidate, in order: only those meant for this backend explain the outcome.
+        return "; ".join(text for p, text in zip(candidates, problems, strict=True) if self._serves_backend(p, target))
 
     def _choose_preferred(self, match: Match, target: Target, preferred: tuple[str, ...],
                           candidates: list[ProvidedKernel]) -> Choice:

@@ -336,17 +336,25 @@ class Match:
         variant: one of the kind's variants.
         params: what the kind's adapter needs to call a kernel (epsilon, offset, casting, ...); plain values.
         evidence: why the matcher is sure, for the report (``"probe matched offset reference"``).
+        bypasses: sub-modules, by dotted name relative to the matched module, whose forward the kind's kernel
+            computes itself and never calls, whatever the inputs (a decoder layer's fused residual add + norm
+            never calls ``post_attention_layernorm``). While that kernel is bound they and their own sub-modules
+            get no kernel of their own and are reported as covered by it. A sub-module the kernel calls on some
+            paths only (an original forward it falls back to) is not listed.
     """
 
     kind: str
     variant: str
     params: dict[str, object] = field(default_factory=dict)
     evidence: str = ""
+    bypasses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name(self.kind, "match kind")
         if not isinstance(self.variant, str) or not self.variant:
             raise ValueError("match variant must be a non-empty string")
+        if not isinstance(self.bypasses, tuple) or not all(isinstance(n, str) and n for n in self.bypasses):
+            raise ValueError(f"match bypasses {self.bypasses!r} must be a tuple of sub-module names")
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,8 @@ def test_norm_casting_found_in_float32_holds_in_bfloat16(family, casting, ref_pm
     # (what a trainer with autocast or a later model.to() does), the kernel must still round like the module.
     model = tiny_causal_lm(family)
     kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_pm)
-    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    # Norms a decoder-layer kernel computes itself have no binding of their own.
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm") and "forward" in m.__dict__]
     assert norms and all(m.forward.match.params["casting"] == casting for m in norms), f"{family}: wrong casting"
     model.to(torch.bfloat16).eval()
     ids = torch.randint(3, 100, (2, 9))
@@ -217,5 +218,5 @@ def test_norm_casting_found_in_float32_holds_in_bfloat16(family, casting, ref_pm
     # Built in bfloat16 with freshly initialised (all-ones) weights, the casting is found just the same.
     half = kernels_core.kernelize(tiny_causal_lm(family, dtype=torch.bfloat16), mode=Mode.INFERENCE,
                                   plugin_manager=ref_pm)
-    norms = [m for m in half.modules() if type(m).__name__.endswith("RMSNorm")]
+    norms = [m for m in half.modules() if type(m).__name__.endswith("RMSNorm") and "forward" in m.__dict__]
     assert all(m.forward.match.params["casting"] == casting for m in norms), f"{family}: wrong bf16 casting"

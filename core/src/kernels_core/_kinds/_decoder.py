@@ -13,9 +13,10 @@ GLM-4), parallel attention and MLP (Cohere, Phi), residual multipliers (Granite)
 other sub-modules or attributes and are declined with the reason.
 
 The adapter keeps the layer's own ``input_layernorm``, ``self_attn`` and ``mlp`` (their kernels still apply) and
-hands only the residual add and ``post_attention_layernorm`` to the kernel. transformers 5 checkpoints activations
-inside a wrapper around the class forward; the adapter re-creates that wrapper around the fused forward, so
-gradient checkpointing keeps working.
+hands only the residual add and ``post_attention_layernorm`` to the kernel; the match declares that norm bypassed,
+so while the fused kernel is bound the norm gets no kernel of its own and the report shows it covered.
+transformers 5 checkpoints activations inside a wrapper around the class forward; the adapter re-creates that
+wrapper around the fused forward, so gradient checkpointing keeps working.
 """
 
 from __future__ import annotations
@@ -349,4 +350,5 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
     casting = params["casting"]
     return Match(KIND, variant, params,
                  evidence=f"forward is the pre-norm decoder template and a probe of the layer matches it with the "
-                          f"fused {variant}/{casting} residual add + RMSNorm")
+                          f"fused {variant}/{casting} residual add + RMSNorm",
+                 bypasses=("post_attention_layernorm",))

@@ -48,6 +48,13 @@ def _classify(module: nn.Module) -> Match | Decline:
         return Decline("causal_mask", f"{GLOBAL_NAME} is {fn.__module__}.{fn.__qualname__}, not transformers' own; "
                                       "its masking rules are unknown")
     config = getattr(module, "config", None)
+    code = plain_class_forward(module).__code__
+    window = getattr(config, "sliding_window", None)
+    if "mask_function" in code.co_varnames and "sliding_window" in code.co_names and window is not None:
+        # Mistral's template: ``mask_function = create_causal_mask if self.config.sliding_window is None else
+        # create_sliding_window_causal_mask``; a kernel bound here would never be called.
+        return Decline("causal_mask", f"the forward builds its mask with create_sliding_window_causal_mask "
+                                      f"(config.sliding_window = {window}), never calling {GLOBAL_NAME}")
     implementation = getattr(config, "_attn_implementation", None)
     if implementation != "sdpa":
         return Decline("causal_mask", f"attention implementation is {implementation!r}; only 'sdpa' takes "

@@ -1,7 +1,7 @@
 """Gated MLPs, ``down(act(gate(x)) * up(x))``: SiLU (SwiGLU) and tanh-GELU (GeGLU).
 
 The adapter keeps the module's own projection sub-modules (so LoRA, quantized or sharded linears keep working)
-and hands only the activation-times-up product to the kernel.
+and hands only the activation-times-up product to the kernel; an activation sub-module is declared bypassed.
 """
 
 from __future__ import annotations
@@ -35,12 +35,23 @@ def _layout(module: nn.Module) -> str | None:
     return None
 
 
+_ACTIVATION_ATTRS = ("act_fn", "activation_fn", "act")
+
+
 def _activation_module(module: nn.Module) -> object | None:
-    for attr in ("act_fn", "activation_fn", "act"):
+    for attr in _ACTIVATION_ATTRS:
         act = getattr(module, attr, None)
         if act is not None:
             return act
     return None
+
+
+def _activation_child(module: nn.Module) -> tuple[str, ...]:
+    """The activation, if it is a sub-module: the kernel computes it and never calls it (the projections it does)."""
+    for attr in _ACTIVATION_ATTRS:
+        if getattr(module, attr, None) is not None:
+            return (attr,) if isinstance(module._modules.get(attr), nn.Module) else ()
+    return ()
 
 
 def _gate_up(module: nn.Module, layout: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +101,8 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
                                     f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, extra "
                                     "terms?)"))
     return (kind, Match(kind, layout, {"layout": layout, "activation": activation},
-                        evidence=f"probe matches down({activation}(gate)*up), {layout} projections"))
+                        evidence=f"probe matches down({activation}(gate)*up), {layout} projections",
+                        bypasses=_activation_child(module)))
 
 
 def _classify_once(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Decline] | None:
