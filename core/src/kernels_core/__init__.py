@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from ._config import ConfigError
+from ._config import ConfigWarning
 from ._config import KernelsConfig
 from ._config import KindConfig
 from ._config import load_config
@@ -52,6 +53,7 @@ __all__ = [
     "Binding",
     "CapabilityRange",
     "ConfigError",
+    "ConfigWarning",
     "Decline",
     "DeviceInfo",
     "KernelSpec",

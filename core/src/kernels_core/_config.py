@@ -3,7 +3,11 @@
 Sources, highest precedence first: the ``config=`` argument of kernelize (a dict or a TOML path), the file named
 by ``KERNELS_CORE_CONFIG`` (plus the ``KERNELS_CORE_DISABLE`` switch), then ``kernels.toml`` or
 ``[tool.kernels-core]`` in ``pyproject.toml`` in the working directory. Layers merge key by key, so a higher
-layer only overrides what it names.
+layer only overrides what it names; the merged configuration remembers which source gave each key, so that
+every message about a value names the file, environment variable or argument it came from.
+
+This module checks shapes and types only; :mod:`kernels_core._config_check` checks the names against what is
+installed.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 
-__all__ = ["ConfigError", "KernelsConfig", "KindConfig", "load_config"]
+__all__ = ["ConfigError", "ConfigWarning", "KernelsConfig", "KindConfig", "env_flag", "load_config"]
 
 ENV_CONFIG = "KERNELS_CORE_CONFIG"
 ENV_DISABLE = "KERNELS_CORE_DISABLE"
+ENV_STRICT_CONFIG = "KERNELS_CORE_STRICT_CONFIG"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 _TOP_KEYS = frozenset({"disable", "strict", "plugins", "kernels", "kinds"})
 _PLUGIN_KEYS = frozenset({"allow", "block"})
@@ -35,6 +43,45 @@ _KIND_KEYS = frozenset({"prefer", "disable", "strict", "enabled", "options"})
 
 class ConfigError(ValueError):
     """A configuration value is malformed; the message names the source, the key and the allowed values."""
+
+
+class ConfigWarning(UserWarning):
+    """A configuration name matches nothing installed here (a typo, or a plugin this machine lacks).
+
+    The message names the source and the closest installed names. ``strict = true`` in the configuration or
+    ``KERNELS_CORE_STRICT_CONFIG=1`` raises :class:`ConfigError` instead; ``warnings.filterwarnings("error",
+    category=kernels_core.ConfigWarning)`` does the same from code.
+    """
+
+
+def env_flag(name: str) -> bool | None:
+    """Read a boolean environment variable: ``None`` when unset or empty, else its value.
+
+    Accepted, in any case: ``1``, ``true``, ``yes``, ``on`` and ``0``, ``false``, ``no``, ``off``; anything else
+    raises :class:`ConfigError` naming the variable, so a typo never silently means "off".
+
+    Example:
+        >>> import os
+        >>> os.environ["KERNELS_CORE_EXAMPLE_FLAG"] = "On"
+        >>> env_flag("KERNELS_CORE_EXAMPLE_FLAG")
+        True
+        >>> os.environ["KERNELS_CORE_EXAMPLE_FLAG"] = "ture"
+        >>> env_flag("KERNELS_CORE_EXAMPLE_FLAG")
+        Traceback (most recent call last):
+        ...
+        kernels_core._config.ConfigError: environment variable KERNELS_CORE_EXAMPLE_FLAG='ture' is not a boolean; ...
+        >>> del os.environ["KERNELS_CORE_EXAMPLE_FLAG"]
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"environment variable {name}={raw!r} is not a boolean; accepted (any case): "
+                      f"{', '.join(_TRUE)} / {', '.join(_FALSE)}, or empty for unset")
 
 
 @dataclass(frozen=True)
@@ -47,7 +94,8 @@ class KindConfig:
         disable: kernel ids or plugin names never to use for this kind.
         strict: raise when a module of this kind ends up without a kernel.
         enabled: ``False`` leaves every module of this kind alone.
-        options: kind-specific options passed to the adapter (e.g. ``materialize_logits`` for the loss).
+        options: kind-specific options passed to the adapter (e.g. ``materialize_logits`` for the loss); the
+            kind's :attr:`LayerKind.options <kernels_core.LayerKind>` declares which names and types it reads.
     """
 
     prefer: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -74,13 +122,30 @@ class KernelsConfig:
     disabled_kernels: frozenset[str] = frozenset()
     kinds: Mapping[str, KindConfig] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
+    # Key path (("kinds", "rms_norm", "disable")) -> the source that set it, after merging.
+    origins: Mapping[tuple[str, ...], str] = field(default_factory=dict)
 
     def kind(self, name: str) -> KindConfig:
         return self.kinds.get(name, KindConfig())
 
+    def origin(self, *path: str) -> str:
+        """The source that set a key (file path, environment variable or ``config argument``).
+
+        Example:
+            >>> KernelsConfig.from_mapping({"kernels": {"disable": ["a.b"]}}).origin("kernels", "disable")
+            'config argument'
+        """
+        found = self.origins.get(tuple(path))
+        if found is not None:
+            return found
+        if self.sources:
+            return ", ".join(self.sources)
+        return "KernelsConfig object"
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, object], *, source: str = "config argument") -> KernelsConfig:
-        return _build(_validated(data, source), (source,))
+        validated = _validated(data, source)
+        return _build(validated, (source,), {path: source for path in _paths(validated)})
 
 
 def _expect(condition: bool, source: str, key: str, message: str) -> None:
@@ -154,6 +219,17 @@ def _validated(data: Mapping[str, object], source: str) -> dict[str, object]:
     return out
 
 
+def _paths(data: Mapping[str, object], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path of a validated layer, tables included (an empty ``[kinds.x]`` table is still named)."""
+    paths: list[tuple[str, ...]] = []
+    for key, value in data.items():
+        path = (*prefix, str(key))
+        paths.append(path)
+        if isinstance(value, dict):
+            paths.extend(_paths(value, path))
+    return paths
+
+
 def _merge(low: dict[str, object], high: dict[str, object]) -> dict[str, object]:
     merged = dict(low)
     for key, value in high.items():
@@ -164,7 +240,8 @@ def _merge(low: dict[str, object], high: dict[str, object]) -> dict[str, object]
     return merged
 
 
-def _build(data: dict[str, object], sources: tuple[str, ...]) -> KernelsConfig:
+def _build(data: dict[str, object], sources: tuple[str, ...],
+           origins: Mapping[tuple[str, ...], str]) -> KernelsConfig:
     plugins = data.get("plugins", {})
     kinds = {
         name: KindConfig(
@@ -185,6 +262,7 @@ def _build(data: dict[str, object], sources: tuple[str, ...]) -> KernelsConfig:
         disabled_kernels=frozenset(data.get("kernels", {}).get("disable", ())),  # type: ignore[union-attr]
         kinds=kinds,
         sources=sources,
+        origins=dict(origins),
     )
 
 
@@ -235,8 +313,9 @@ def load_config(config: Mapping[str, object] | str | os.PathLike[str] | KernelsC
     if env_path:
         data = _read_toml(Path(env_path))
         layers.append((_validated(data or {}, f"{ENV_CONFIG}={env_path}"), f"{ENV_CONFIG}={env_path}"))
-    if os.environ.get(ENV_DISABLE, "").strip().lower() in {"1", "true", "yes", "on"}:
-        layers.append(({"disable": True}, f"{ENV_DISABLE}=1"))
+    disable = env_flag(ENV_DISABLE)
+    if disable is not None:
+        layers.append(({"disable": disable}, f"{ENV_DISABLE}={os.environ[ENV_DISABLE].strip()}"))
     if config is not None:
         if isinstance(config, (str, os.PathLike)):
             source = str(config)
@@ -244,6 +323,8 @@ def load_config(config: Mapping[str, object] | str | os.PathLike[str] | KernelsC
         else:
             layers.append((_validated(config, "config argument"), "config argument"))
     merged: dict[str, object] = {}
-    for data, _source in layers:
+    origins: dict[tuple[str, ...], str] = {}
+    for data, source in layers:
         merged = _merge(merged, data)
-    return _build(merged, tuple(source for _data, source in layers))
+        origins.update((path, source) for path in _paths(data))
+    return _build(merged, tuple(source for _data, source in layers), origins)

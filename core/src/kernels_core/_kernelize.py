@@ -12,9 +12,9 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._config import ConfigError
 from ._config import KernelsConfig
 from ._config import load_config
+from ._config_check import check_config
 from ._forward import MISSING
 from ._forward import BindingRecord
 from ._forward import GlobalOverride
@@ -132,13 +132,6 @@ def _module_target(module: nn.Module, explicit: tuple[str, BackendInfo, DeviceIn
                   dtype=dtype)
 
 
-def _check_config_kinds(config: KernelsConfig, kinds: dict[str, ProvidedKind]) -> None:
-    unknown = sorted(set(config.kinds) - set(kinds))
-    if unknown:
-        raise ConfigError(f"configuration names unknown layer kind(s) {unknown}; known kinds: {sorted(kinds)} "
-                          f"(sources: {', '.join(config.sources)})")
-
-
 def _entry(name: str, match: Match | Decline, target: Target, **extra: Any) -> ReportEntry:
     return ReportEntry(module=name, kind=match.kind, variant=getattr(match, "variant", None), device=target.device,
                        backend=target.backend, **extra)
@@ -191,7 +184,9 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
           explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
           ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry]]:
     kinds = pm.layer_kinds()
-    _check_config_kinds(config, kinds)
+    # Every name in the configuration is checked against what pm has: unknown kinds and options raise, other
+    # names warn (or raise under strict configuration) naming their source.
+    check_config(config, pm)
     backends = pm.backends()
     resolver = Resolver(pm, config, mode)
     # id(module) -> (kernel id, enclosing module name) for modules whose forward a planned kernel never calls.
@@ -358,7 +353,9 @@ def kernelize(
     Raises:
         KernelizeError: an explicit request (``device``, ``strict``, a configured preference) cannot be
             honoured, or binding failed; the model is unchanged.
-        ConfigError: the configuration is malformed.
+        ConfigError: the configuration is malformed, names an unknown layer kind or an option its kind does not
+            declare, or, under strict configuration, names a kernel, plugin or backend that is not installed
+            (otherwise those warn with :class:`~kernels_core.ConfigWarning`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"kernelize expects a torch.nn.Module, got {type(model).__name__}")

@@ -20,6 +20,7 @@ from types import ModuleType
 import pluggy
 
 from . import _hookspecs
+from ._config import env_flag
 from ._types import BackendInfo
 from ._types import KernelSpec
 from ._types import LayerKind
@@ -93,6 +94,8 @@ class _Contribution:
 
 
 def _env_list(name: str) -> frozenset[str] | None:
+    """A comma-separated list of names; ``None`` when unset or blank. Names are checked against what is installed
+    when kernelize checks its configuration (``kernels_core._config_check``)."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return None
@@ -100,7 +103,8 @@ def _env_list(name: str) -> frozenset[str] | None:
 
 
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    """A boolean switch, off when unset; any value but the documented ones raises ``ConfigError``."""
+    return bool(env_flag(name))
 
 
 class KernelsPluginManager:

@@ -188,8 +188,10 @@ class Resolver:
             why.append(f"{kernel_id}: {problem}")
         usable = [p.spec.id for p in candidates
                   if self.problem(p, match, target) is None and self.load_problem(p) is None]
+        key = target.backend if self.config.kind(match.kind).prefer.get(target.backend or "") else "any"
         raise KernelizeError(
             f"configured kernels for kind {match.kind!r} on backend {target.backend!r} cannot be used: "
             f"{'; '.join(why)}. Kernels that would work here: {usable or 'none'}; "
-            f"all kernels of this kind: {sorted(by_id) or 'none'}"
+            f"all kernels of this kind: {sorted(by_id) or 'none'} "
+            f"(kinds.{match.kind}.prefer.{key} set in {self.config.origin('kinds', match.kind, 'prefer', str(key))})"
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -208,6 +209,10 @@ class LayerKind:
         target: ``"forward"`` when the adapter returns the module's new forward; ``"global"`` when it returns a
             replacement for one global function the module's forward calls (``match.params["global_name"]``),
             which the core reroutes for that instance only, composing several such kinds on one module.
+        options: the configuration options the adapter reads (``[kinds.<name>] options``), each name mapped to
+            its type (``bool``, ``int``, ``float``, ``str``, or a tuple of them); configuration naming any other
+            option, or a value of another type, raises. ``{}`` declares that the kind takes no options; ``None``
+            (the default) leaves options unchecked.
         conformance: lazy ``module:attr`` of ``cases() -> Iterable[ConformanceCase]``: small modules of this kind
             on which ``kernels-core check`` and :func:`kernels_core.testing.assert_conforms` compare every kernel
             of the kind with the module's own forward. ``None``: kernels of the kind are reported unchecked.
@@ -220,12 +225,23 @@ class LayerKind:
     adapter: str
     hint_names: tuple[str, ...] = ()
     target: str = "forward"
+    # Excluded from the hash (a dict is unhashable) so that kinds stay usable as set members and cache keys.
+    options: Mapping[str, type | tuple[type, ...]] | None = field(default=None, hash=False)
     conformance: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "layer kind name")
         if self.target not in ("forward", "global"):
             raise ValueError(f"layer kind {self.name!r}: target {self.target!r} must be 'forward' or 'global'")
+        if self.options is not None:
+            if not isinstance(self.options, Mapping):
+                raise ValueError(f"layer kind {self.name!r}: options must be a mapping of name to type or None")
+            for option, kind in self.options.items():
+                _check_name(option, f"layer kind {self.name!r}: option name")
+                types = kind if isinstance(kind, tuple) else (kind,)
+                if not types or not all(isinstance(t, type) for t in types):
+                    raise ValueError(f"layer kind {self.name!r}: option {option!r} must map to a type or a tuple "
+                                     f"of types, got {kind!r}")
         if not self.variants or not all(isinstance(v, str) and _NAME_RE.match(v) for v in self.variants):
             raise ValueError(f"layer kind {self.name!r}: variants must be a non-empty tuple of snake_case names")
         _check_ref(self.matcher, f"layer kind {self.name!r} matcher")

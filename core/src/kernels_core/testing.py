@@ -20,6 +20,7 @@ from ._check import ConformanceCase
 from ._check import check
 from ._config import ENV_CONFIG
 from ._config import ENV_DISABLE
+from ._config import ENV_STRICT_CONFIG
 from ._kinds import _reference as reference
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
@@ -43,7 +44,7 @@ __all__ = [
 
 # Every environment variable kernels-core reads; a test suite clears them so the developer's shell and the
 # checkout's own kernels.toml / pyproject.toml cannot change what a test sees.
-ENVIRONMENT_VARIABLES = (ENV_CONFIG, ENV_DISABLE, ENV_ALLOW, ENV_BLOCK, ENV_STRICT, ENV_TRACE)
+ENVIRONMENT_VARIABLES = (ENV_CONFIG, ENV_DISABLE, ENV_STRICT_CONFIG, ENV_ALLOW, ENV_BLOCK, ENV_STRICT, ENV_TRACE)
 
 # Relative error bounds (max |a - b| / max |b|) for comparing a kernel with the eager module. bf16 keeps 8
 # mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in another order or keeps

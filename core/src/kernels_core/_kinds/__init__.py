@@ -2,7 +2,8 @@
 
 Each kind names a lazy matcher, which decides from a module's structure *and* a numerical probe of its own
 forward whether the module computes the kind's math, and a lazy adapter, which builds the per-instance forward
-that calls a kernel following the kind's calling convention (``docs/kernel-conventions.md``).
+that calls a kernel following the kind's calling convention (``docs/kernel-conventions.md``). ``options`` lists
+what each adapter reads from ``[kinds.<name>] options``, so that configuration naming anything else raises.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("standard", "offset"),
         matcher=f"{_P}._norms:match_rms_norm",
         adapter=f"{_P}._norms:adapt_rms_norm",
+        options={},
         hint_names=("RMSNorm",),
     ),
     LayerKind(
@@ -29,6 +31,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("standard", "offset"),
         matcher=f"{_P}._decoder:match_residual_rms_norm",
         adapter=f"{_P}._decoder:adapt_residual_rms_norm",
+        options={},
     ),
     LayerKind(
         name="layer_norm",
@@ -36,6 +39,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("bias", "no_bias"),
         matcher=f"{_P}._norms:match_layer_norm",
         adapter=f"{_P}._norms:adapt_layer_norm",
+        options={},
         hint_names=("LayerNorm",),
     ),
     LayerKind(
@@ -44,6 +48,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("split", "fused"),
         matcher=f"{_P}._mlp:match_silu_gated_mlp",
         adapter=f"{_P}._mlp:adapt_gated_mlp",
+        options={},
         hint_names=("SwiGLUMLP", "MLP"),
     ),
     LayerKind(
@@ -52,6 +57,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("split", "fused"),
         matcher=f"{_P}._mlp:match_gelu_gated_mlp",
         adapter=f"{_P}._mlp:adapt_gated_mlp",
+        options={},
         hint_names=("GeGLUMLP",),
     ),
     LayerKind(
@@ -60,6 +66,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("full", "partial", "interleaved"),
         matcher=f"{_P}._rotary:match_rotary",
         adapter=f"{_P}._rotary:adapt_rotary",
+        options={},
         hint_names=("rotary_pos_emb",),
         target="global",
     ),
@@ -69,6 +76,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("sdpa",),
         matcher=f"{_P}._masks:match_causal_mask",
         adapter=f"{_P}._masks:adapt_causal_mask",
+        options={},
         target="global",
     ),
     LayerKind(
@@ -77,6 +85,9 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("standard", "softcap"),
         matcher=f"{_P}._causal_lm:match_causal_lm",
         adapter=f"{_P}._causal_lm:adapt_causal_lm",
+        # Keep computing the [tokens, vocab] logits in training (metrics that read them); costs the memory
+        # the fused loss saves.
+        options={"materialize_logits": bool},
         hint_names=("ForCausalLMLoss",),
     ),
     LayerKind(
@@ -85,5 +96,6 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("silu", "gelu_tanh"),
         matcher=f"{_P}._experts:match_experts",
         adapter=f"{_P}._experts:adapt_experts",
+        options={},
     ),
 )

@@ -1,0 +1,286 @@
+"""Checking the names in a configuration against what is installed.
+
+:mod:`kernels_core._config` checks shapes and types; this module checks that every name means something here:
+layer kinds, kernel ids, plugin names, backend keys of ``prefer`` and option names. One configuration is often
+shared between machines with different plugins, so a name that matches nothing installed warns
+(:class:`~kernels_core.ConfigWarning`) with the closest installed names and its source; strict configuration
+turns those warnings into :class:`~kernels_core.ConfigError`. Unknown layer kinds, option names a kind does not
+declare and option values of the wrong type always raise.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._config import ENV_STRICT_CONFIG
+from ._config import ConfigError
+from ._config import ConfigWarning
+from ._config import KernelsConfig
+from ._config import env_flag
+from ._manager import ENV_ALLOW
+from ._manager import ENV_BLOCK
+from ._manager import KernelsPluginManager
+from ._types import ANY_BACKEND
+
+
+__all__ = ["ConfigProblem", "check_config", "config_problems", "strict_config"]
+
+_PACKAGE_DIR = str(Path(__file__).parent) + os.sep
+_RELAX = f"ignored; strict = true or {ENV_STRICT_CONFIG}=1 makes this an error"
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One name in the configuration that does not fit what is installed.
+
+    Args:
+        source: where the name was set: a file path, an environment variable or ``config argument``.
+        key: the dotted key that holds it (``kinds.rms_norm.disable``); empty for an environment variable.
+        message: what is wrong and the closest valid names.
+        error: always raises (unknown kind, undeclared option, wrong option type); otherwise it warns, or raises
+            under strict configuration.
+    """
+
+    source: str
+    key: str
+    message: str
+    error: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.key}: {self.message}" if self.key else f"{self.source}: {self.message}"
+
+
+def _did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    scored = []
+    for candidate in sorted(set(candidates)):
+        matcher = difflib.SequenceMatcher(None, name, candidate)
+        if matcher.real_quick_ratio() >= 0.6 and matcher.quick_ratio() >= 0.6 and matcher.ratio() >= 0.6:
+            scored.append((matcher.ratio(), candidate))
+    if not scored:
+        return None
+    best = max(score for score, _candidate in scored)
+    # Offer the runners-up only when they are nearly as close; one clear fix reads better than three guesses.
+    close = [c for score, c in sorted(scored, key=lambda sc: (-sc[0], sc[1])) if score >= best - 0.05][:3]
+    return f"did you mean {' or '.join(repr(c) for c in close)}?"
+
+
+def _closest(name: str, candidates: Iterable[str], what: str) -> str:
+    pool = sorted(set(candidates))
+    close = _did_you_mean(name, pool)
+    if close:
+        return close
+    if not pool:
+        return f"no {what} is installed"
+    if len(pool) <= 12:
+        return f"installed {what}: {pool}"
+    return f"none is close among the {len(pool)} installed {what}"
+
+
+@dataclass
+class _Installed:
+    plugins: frozenset[str]
+    not_loaded: tuple[str, ...]
+    kernels: dict[str, tuple[str, str]]  # id -> (kind, backend)
+    kinds: dict[str, object]  # name -> LayerKind
+    backends: frozenset[str]
+
+    @classmethod
+    def of(cls, pm: KernelsPluginManager) -> _Installed:
+        plugins = pm.plugins
+        kernels = {p.spec.id: (p.spec.kind, p.spec.backend) for p in pm.kernels()}
+        backends = {b.backend for b, _plugin in pm.backends()} | {backend for _kind, backend in kernels.values()}
+        return cls(
+            plugins=frozenset(p.name for p in plugins),
+            not_loaded=tuple(sorted(p.name for p in plugins if p.status != "loaded")),
+            kernels=kernels,
+            kinds={name: provided.kind for name, provided in pm.layer_kinds().items()},
+            backends=frozenset(backends | {ANY_BACKEND}),
+        )
+
+    def ids_of_kind(self, kind: str) -> list[str]:
+        return [kernel_id for kernel_id, (k, _backend) in self.kernels.items() if k == kind]
+
+
+class _Collector:
+    def __init__(self, config: KernelsConfig, installed: _Installed) -> None:
+        self.config = config
+        self.installed = installed
+        self.problems: list[ConfigProblem] = []
+
+    def add(self, path: tuple[str, ...], message: str, *, error: bool = False, source: str | None = None) -> None:
+        self.problems.append(ConfigProblem(source or self.config.origin(*path), ".".join(path), message, error))
+
+    def add_env(self, source: str, message: str) -> None:
+        self.problems.append(ConfigProblem(source, "", message))
+
+    def unknown_kernel(self, path: tuple[str, ...], kernel_id: str, kind: str | None, *, plugins_too: bool = False
+                       ) -> None:
+        installed = self.installed
+        pool = installed.ids_of_kind(kind) if kind else list(installed.kernels)
+        what = f"kernel ids of kind {kind}" if kind else "kernel ids"
+        if plugins_too:
+            pool += list(installed.plugins)
+            what += " or plugin names"
+        message = f"{kernel_id!r} matches no installed kernel"
+        message += " or plugin" if plugins_too else ""
+        message += f"; {_closest(kernel_id, pool, what)}"
+        if installed.not_loaded:
+            message += f" (plugins {list(installed.not_loaded)} did not load, so their kernels are not known)"
+        self.add(path, message)
+
+    def plugin_names(self, names: Iterable[str], path: tuple[str, ...] = (), *, source: str | None = None
+                     ) -> None:
+        for name in sorted(names):
+            if name not in self.installed.plugins:
+                message = f"{name!r} is not an installed plugin; {_closest(name, self.installed.plugins, 'plugins')}"
+                if source is None:
+                    self.add(path, message)
+                else:
+                    self.add_env(source, message)
+
+
+def config_problems(config: KernelsConfig, pm: KernelsPluginManager) -> list[ConfigProblem]:
+    """Every name in ``config`` (and in the manager's allow/block lists) that does not fit what ``pm`` has.
+
+    Example:
+        >>> from kernels_core.testing import fresh_plugin_manager
+        >>> cfg = KernelsConfig.from_mapping({"kernels": {"disable": ["any.rms_norm.recompte"]}})
+        >>> print(config_problems(cfg, fresh_plugin_manager())[0])  # doctest: +ELLIPSIS
+        config argument: kernels.disable: 'any.rms_norm.recompte' matches no installed kernel; did you mean ...
+    """
+    installed = _Installed.of(pm)
+    out = _Collector(config, installed)
+    if config.allow_plugins is not None:
+        out.plugin_names(config.allow_plugins, ("plugins", "allow"))
+    out.plugin_names(config.block_plugins, ("plugins", "block"))
+    # The manager's own lists come from the environment (or its constructor); a typo there loads everything.
+    for names, variable, argument in ((pm.allow or (), ENV_ALLOW, "allow"), (pm.block, ENV_BLOCK, "block")):
+        raw = os.environ.get(variable, "").strip()
+        source = f"{variable}={raw}" if raw else f"KernelsPluginManager({argument}=...)"
+        out.plugin_names(names, source=source)
+    for kernel_id in sorted(config.disabled_kernels):
+        if kernel_id not in installed.kernels:
+            out.unknown_kernel(("kernels", "disable"), kernel_id, None)
+    for kind_name in sorted(config.kinds):
+        kind_config = config.kinds[kind_name]
+        if kind_name not in installed.kinds:
+            close = _did_you_mean(kind_name, installed.kinds)
+            out.add(("kinds", kind_name),
+                    f"unknown layer kind(s) [{kind_name!r}]{'; ' + close if close else ''}; "
+                    f"known kinds: {sorted(installed.kinds)}", error=True)
+            continue
+        for name in sorted(kind_config.disable):
+            path = ("kinds", kind_name, "disable")
+            if name in installed.kernels:
+                other = installed.kernels[name][0]
+                if other != kind_name:
+                    out.add(path, f"kernel {name!r} implements kind {other!r}, never {kind_name!r}")
+            elif name not in installed.plugins:
+                out.unknown_kernel(path, name, kind_name, plugins_too=True)
+        for backend in sorted(kind_config.prefer):
+            path = ("kinds", kind_name, "prefer", backend)
+            if backend not in installed.backends:
+                out.add(path, f"backend {backend!r} is not declared by any installed plugin; "
+                              f"{_closest(backend, installed.backends, 'backends')}")
+            for kernel_id in kind_config.prefer[backend]:
+                if kernel_id not in installed.kernels:
+                    out.unknown_kernel(path, kernel_id, kind_name)
+                    continue
+                kind, runs_on = installed.kernels[kernel_id]
+                if kind != kind_name:
+                    out.add(path, f"kernel {kernel_id!r} implements kind {kind!r}, never {kind_name!r}; "
+                                  f"{_closest(kernel_id, installed.ids_of_kind(kind_name), 'kernel ids')}")
+                elif backend != ANY_BACKEND and runs_on not in (ANY_BACKEND, backend):
+                    out.add(path, f"kernel {kernel_id!r} runs on backend {runs_on!r}, so modules on {backend!r} "
+                                  "can never use it")
+        declared = getattr(installed.kinds[kind_name], "options", None)
+        if declared is None:
+            continue
+        for option, value in sorted(kind_config.options.items()):
+            path = ("kinds", kind_name, "options", option)
+            if option not in declared:
+                allowed = sorted(declared)
+                hint = _closest(option, allowed, "options") if allowed else f"kind {kind_name!r} takes no options"
+                out.add(path, f"unknown option {option!r} for kind {kind_name!r}; {hint}; allowed: {allowed}",
+                        error=True)
+                continue
+            expected = declared[option]
+            types = expected if isinstance(expected, tuple) else (expected,)
+            if not _fits(value, types):
+                names = " or ".join(t.__name__ for t in types)
+                out.add(path, f"option {option!r} of kind {kind_name!r} expects {names}, got "
+                              f"{type(value).__name__} {value!r}", error=True)
+    return out.problems
+
+
+def _fits(value: object, types: tuple[type, ...]) -> bool:
+    # TOML and JSON have no int/bool distinction problems, but Python does: True is an int; 3 is a fine float.
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int) and float in types:
+        return True
+    return isinstance(value, types)
+
+
+def strict_config(config: KernelsConfig) -> tuple[bool, str]:
+    """Whether names that match nothing raise, and which setting decided it.
+
+    ``KERNELS_CORE_STRICT_CONFIG`` decides when set (either way); otherwise the configuration's ``strict``.
+
+    Example:
+        >>> strict_config(KernelsConfig.from_mapping({"strict": True}))
+        (True, 'strict = true (config argument)')
+    """
+    from_env = env_flag(ENV_STRICT_CONFIG)
+    if from_env is not None:
+        return from_env, f"{ENV_STRICT_CONFIG}={os.environ[ENV_STRICT_CONFIG].strip()}"
+    if config.strict:
+        where = config.origins.get(("strict",), "kernelize(strict=True)")
+        return True, f"strict = true ({where})"
+    return False, "strict is off"
+
+
+def check_config(config: KernelsConfig, pm: KernelsPluginManager) -> list[ConfigProblem]:
+    """Raise or warn for every problem :func:`config_problems` finds; returns the ones that only warned.
+
+    Problems marked ``error`` raise one :class:`ConfigError` listing all of them; under strict configuration
+    (:func:`strict_config`) every problem does. Otherwise each problem is one :class:`ConfigWarning`, attributed
+    to the first caller outside kernels-core, so Python's default filter shows it once per call site.
+
+    Example:
+        >>> from kernels_core.testing import fresh_plugin_manager
+        >>> check_config(KernelsConfig.from_mapping({"kinds": {"rms_norm": {"options": {"x": 1}}}}),
+        ...              fresh_plugin_manager())
+        Traceback (most recent call last):
+        ...
+        kernels_core._config.ConfigError: config argument: kinds.rms_norm.options.x: unknown option 'x' for kind ...
+    """
+    problems = list(dict.fromkeys(config_problems(config, pm)))
+    strict, why = strict_config(config)
+    fatal = [p for p in problems if p.error or strict]
+    if fatal:
+        message = str(fatal[0]) if len(fatal) == 1 else (
+            f"{len(fatal)} configuration problems:\n  " + "\n  ".join(str(p) for p in fatal))
+        if strict and any(not p.error for p in fatal):
+            message += f"\n(raised because {why}; {ENV_STRICT_CONFIG}=0 makes names that match nothing warn instead)"
+        raise ConfigError(message)
+    level = _stack_level()
+    for problem in problems:
+        warnings.warn(f"{problem}; {_RELAX}", ConfigWarning, stacklevel=level)
+    return problems
+
+
+def _stack_level() -> int:
+    """The ``stacklevel`` of the nearest frame outside this package (as seen from ``warnings.warn`` here)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
