@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import functools
+import pickle
+import sys
 
+import pytest
+import torch
+from kernels_core._forward import GlobalOverride
+from kernels_core._forward import KernelForward
+from kernels_core._forward import ReroutedForward
 from kernels_core._forward import _rewrap
 from kernels_core._forward import decorator_chain_problem
+from kernels_core._forward import locate_problem
+from kernels_core._forward import ref_problem
+from kernels_core._types import Match
 
 
 def _counting(log: list):
@@ -56,3 +66,108 @@ def test_a_wrapper_holding_the_function_elsewhere_is_refused_by_name():
 
 def test_a_non_function_forward_is_refused():
     assert decorator_chain_problem(functools.partial(print)) == "the class forward is not a plain Python function"
+
+
+# -- exceptions raised through a kernelized forward -----------------------------------------------------------------
+
+def double(x):
+    return x * 2
+
+
+def boom(x):
+    raise KeyError("boom in the kernel")
+
+
+def pass_impl(module, match, impl, options):
+    return impl
+
+
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return double(x)
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Doubler()
+
+    def forward(self, x):
+        return double(self.inner(x))
+
+
+def _kernel_forward(module, impl, **extra):
+    return KernelForward(module, kernel_id="acme.double.k", kind="doubling", impl=f"{__name__}:{impl}",
+                         adapter=f"{__name__}:pass_impl", match=Match("doubling", "plain"), options={}, **extra)
+
+
+def _notes(exc):
+    return [n for n in getattr(exc, "__notes__", ()) if n.startswith("kernels-core:")]
+
+
+def test_kernel_forward_exception_keeps_its_type_and_gets_one_note():
+    module = Doubler()
+    forward = _kernel_forward(module, "boom", plugin="acme", origin="kernels-acme 1.0", module_name="layers.3.mlp")
+    with pytest.raises(KeyError, match="boom in the kernel") as info:
+        forward(torch.ones(2))
+    (note,) = _notes(info.value)
+    for part in ("'acme.double.k'", "plugin 'acme' (kernels-acme 1.0)", "module 'layers.3.mlp' (Doubler)",
+                 f"impl {__name__}:boom", 'kernels.disable = ["acme.double.k"]'):
+        assert part in note, part
+
+
+def test_rerouted_forward_exception_names_every_kernel_and_only_the_innermost_forward_adds_a_note():
+    outer = Outer()
+    outer.inner.forward = _kernel_forward(outer.inner, "boom", plugin="acme", origin="kernels-acme 1.0",
+                                          module_name="inner")
+    override = GlobalOverride(kernel_id="acme.double.global", kind="doubling", global_name="double",
+                              impl=f"{__name__}:double", adapter=f"{__name__}:pass_impl",
+                              match=Match("doubling", "plain"), plugin="acme", origin="kernels-acme 1.0")
+    rerouted = ReroutedForward(outer, overrides=(override,), module_name="outer")
+    with pytest.raises(KeyError) as info:
+        rerouted(torch.ones(2))
+    (note,) = _notes(info.value)
+    assert "'acme.double.k'" in note and "module 'inner'" in note
+    outer.inner.__dict__.pop("forward")
+    outer.inner.forward = lambda x: boom(x)
+    with pytest.raises(KeyError) as info:
+        rerouted(torch.ones(2))
+    (note,) = _notes(info.value)
+    assert "module 'outer' (Outer)" in note and "'acme.double.global' for double (plugin 'acme'" in note
+    assert 'kernels.disable = ["acme.double.global"]' in note
+
+
+def test_a_working_forward_is_unchanged_and_old_pickles_still_annotate():
+    module = Doubler()
+    forward = _kernel_forward(module, "double")
+    assert torch.equal(forward(torch.ones(2)), torch.full((2,), 2.0))
+    state = forward.__getstate__()
+    for key in ("plugin", "origin", "module_name"):
+        state.pop(key)
+    restored = KernelForward.__new__(KernelForward)
+    restored.__setstate__(state)
+    restored.impl = f"{__name__}:boom"
+    with pytest.raises(KeyError) as info:
+        restored(torch.ones(2))
+    assert "'acme.double.k'" in _notes(info.value)[0]
+    assert pickle.loads(pickle.dumps(forward)).module_name == ""
+
+
+def test_ref_problems_are_found_and_located_without_importing(tmp_path, monkeypatch):
+    assert ref_problem(f"{__name__}:double") is None
+    assert "AttributeError" in ref_problem(f"{__name__}:no_such")
+    assert ref_problem("json:__name__") == "is not callable (str)"
+    # An imported module's attributes are checked; a module not imported yet is only looked for, never run.
+    assert locate_problem("kernels_core._forward:no_such") == (
+        "module 'kernels_core._forward' has no attribute 'no_such'")
+    assert locate_problem("json.no_such_sub:f") == "module 'json.no_such_sub' not found"
+    assert locate_problem("json.decoder.deeper:f") == (
+        "module 'json.decoder.deeper' not found ('json.decoder' is not a package)")
+    package = tmp_path / "demo_unimported"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    (package / "ops.py").write_text("raise RuntimeError('must not be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert locate_problem("demo_unimported.ops:f") is None
+    assert locate_problem("demo_unimported.nope:f") == "module 'demo_unimported.nope' not found"
+    assert "demo_unimported" not in sys.modules

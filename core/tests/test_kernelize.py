@@ -381,7 +381,8 @@ def test_automatic_fallback_says_why_better_kernels_were_passed_over():
     fallback = _rms("sim.rms_norm.plain", "low_rms_norm", 100, backend="sim")
     backend = [BackendInfo("sim", "sim", (DeviceInfo(0, "simulated", capability=(8, 0)),), priority=100)]
     pm = fresh_plugin_manager((_plugin("sim", [needs_hopper, broken, fallback], backend), "sim"))
-    model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, device="sim", plugin_manager=pm)
+    with pytest.warns(kernels_core.KernelFallbackWarning, match="'sim.rms_norm.broken' of plugin 'sim'"):
+        model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, device="sim", plugin_manager=pm)
     entry = next(e for e in kernels_core.get_report(model).entries if e.module == "model.norm")
     assert entry.kernel == "sim.rms_norm.plain"
     assert "sim.rms_norm.hopper: capability out of range: device is 8.0" in entry.note

@@ -229,3 +229,218 @@ def test_backend_reason_reaches_explicit_device_errors():
     pm = fresh_plugin_manager((_plugin(kernels_core_detect_devices=lambda: absent), "npu"))
     with pytest.raises(KernelizeError, match="npu: torch_npu failed: libhccl.so missing"):
         kernels_core.kernelize(torch.nn.Sequential(torch.nn.LayerNorm(4)), device="npu", plugin_manager=pm)
+
+
+# -- trust: reserved names, name clashes ----------------------------------------------------------------------------
+
+
+def _install_entries(root, dist_name, version, module_name, source, entries):
+    """Like _install_distribution, with several entry names pointing at one module."""
+    (root / f"{module_name}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist_name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
+    lines = "".join(f"{name} = {module_name}\n" for name in entries)
+    (info / "entry_points.txt").write_text(f"[kernels_core.plugins]\n{lines}")
+
+
+IMPOSTOR = """
+from kernels_core import LayerKind, hookimpl
+
+@hookimpl
+def kernels_core_layer_kinds():
+    return [LayerKind(name="nothing", description="x", variants=("v",), matcher="m:f", adapter="m:g")]
+"""
+
+
+def test_reserved_names_from_another_distribution_are_refused_before_import(site, caplog):
+    _install_entries(site, "evil-plugin", "6.6.6", "demo_evil", IMPOSTOR, ["builtin", "portable"])
+    _install_distribution(site, "demo-plugin", "1.0", "demo_good", GOOD, "demo")
+    with caplog.at_level(logging.WARNING, logger="kernels_core"):
+        pm = _manager(allow=["demo", "portable"])
+    assert "demo_evil" not in sys.modules, "a distribution claiming a reserved name must not even be imported"
+    refused = [p for p in pm.plugins if p.status == "refused"]
+    assert sorted(p.name for p in refused) == ["builtin", "portable"]
+    assert all(p.distribution == "evil-plugin" and "reserved for kernels-core" in p.reason for p in refused)
+    # The core's own plugins are the ones loaded, so its layer kinds and every other plugin keep working.
+    loaded = {p.name: p for p in pm.plugins if p.status == "loaded"}
+    assert loaded["builtin"].distribution == loaded["portable"].distribution == "kernels-core"
+    assert "rms_norm" in pm.layer_kinds() and "nothing" not in pm.layer_kinds()
+    assert "demo.rms_norm.x" in [k.spec.id for k in pm.kernels()]
+    warned = [r.getMessage() for r in caplog.records if "evil-plugin 6.6.6" in r.getMessage()]
+    assert len(warned) == 2 and all("refused" in w for w in warned)
+    pm.invalidate()
+    assert sum("evil-plugin" in c for c in pm.conflicts) == 2, "load-time clashes survive invalidate()"
+
+
+def test_reserved_name_refusal_raises_in_strict_mode(site):
+    _install_entries(site, "evil-plugin", "6.6.6", "demo_evil", IMPOSTOR, ["builtin"])
+    with pytest.raises(PluginError, match="'builtin' is reserved for kernels-core.*evil-plugin 6.6.6"):
+        _manager(strict=True)
+    assert "demo_evil" not in sys.modules
+
+
+def test_kernelize_still_binds_with_an_impostor_installed(site):
+    import kernels_core
+
+    torch = pytest.importorskip("torch")
+    _install_entries(site, "evil-plugin", "6.6.6", "demo_evil", IMPOSTOR, ["builtin"])
+    pm = _manager(allow=["portable"])
+    model = kernels_core.kernelize(torch.nn.Sequential(torch.nn.RMSNorm(8, eps=1e-6)),
+                                   mode=kernels_core.Mode.INFERENCE, plugin_manager=pm)
+    assert [e.kernel for e in kernels_core.get_report(model).applied] == ["any.rms_norm.recompute"]
+
+
+def test_a_name_advertised_twice_is_refused_listed_and_kept_after_invalidate(site, capsys):
+    from kernels_core import _cli
+    from kernels_core import _manager as manager_module
+
+    _install_distribution(site, "demo-plugin", "1.0", "demo_good", GOOD, "demo")
+    _install_distribution(site, "other-demo", "2.0", "demo_other", GOOD.replace("demo_good", "demo_other"), "demo")
+    pm = _manager()
+    statuses = sorted((p.status, p.distribution) for p in pm.plugins if p.name == "demo")
+    assert len(statuses) == 2 and {s for s, _ in statuses} == {"loaded", "refused"}
+    refused = next(p for p in pm.plugins if p.name == "demo" and p.status == "refused")
+    assert "already taken by" in refused.reason and "was not imported" in refused.reason
+    assert refused.module.replace("demo_good", "demo_other") == "demo_other"
+    assert refused.module not in sys.modules
+    pm.invalidate()
+    assert any("'demo'" in c and "already taken" in c for c in pm.conflicts)
+    previous = manager_module.reset_plugin_manager(pm)
+    try:
+        assert _cli.main(["plugins"]) == 0
+        out = capsys.readouterr().out
+        assert "refused" in out and "conflict:" in out and "already taken" in out
+        assert _cli.main(["plugins", "--json"]) == 0
+        data = __import__("json").loads(capsys.readouterr().out)
+        assert any(p["status"] == "refused" and p["name"] == "demo" for p in data["plugins"])
+        assert any("already taken" in c for c in data["conflicts"])
+    finally:
+        manager_module.reset_plugin_manager(previous)
+
+
+def test_registering_a_reserved_name_in_process_is_refused():
+    pm = KernelsPluginManager(load_entrypoints=False, strict=False)
+    with pytest.raises(ValueError, match="'builtin' is reserved for kernels-core's own kernels_core._builtin"):
+        pm.register(_plugin(), "builtin")
+
+
+# -- hooks returning the wrong shape ------------------------------------------------------------------------------
+
+
+def test_hook_returning_none_warns_once_and_is_listed(caplog):
+    from kernels_core import _builtin
+
+    def kernels_core_kernels():
+        [_spec("forgot.return", 1)]  # noqa: B018 - the missing return is the point
+
+    pm = KernelsPluginManager(load_entrypoints=False, strict=False)
+    pm.register(_builtin, "builtin")
+    pm.register(_plugin(kernels_core_kernels=kernels_core_kernels), "lazy", distribution="lazy-plugin", version="1")
+    with caplog.at_level(logging.WARNING, logger="kernels_core"):
+        assert pm.kernels() == []
+        pm.invalidate()
+        pm.kernels()
+    info = pm.info("lazy")
+    assert info.status == "loaded" and "kernels_core_kernels returned None" in info.reason
+    warned = [r.getMessage() for r in caplog.records if "returned None" in r.getMessage()]
+    assert len(warned) == 1 and "'lazy' (lazy-plugin 1)" in warned[0] and "return a list of KernelSpec" in warned[0]
+
+
+def test_hook_returning_none_raises_in_strict_mode():
+    from kernels_core import _builtin
+
+    pm = KernelsPluginManager(load_entrypoints=False, strict=True)
+    pm.register(_builtin, "builtin")
+    pm.register(_plugin(kernels_core_detect_devices=lambda: None), "lazy")
+    with pytest.raises(PluginError, match="'lazy'.*kernels_core_detect_devices returned None"):
+        pm.backends()
+
+
+def test_hook_returning_a_single_value_says_to_wrap_it():
+    from kernels_core import _builtin
+
+    pm = KernelsPluginManager(load_entrypoints=False, strict=False)
+    pm.register(_builtin, "builtin")
+    pm.register(_plugin(kernels_core_kernels=lambda: _spec("single.k", 1)), "single")
+    assert pm.kernels() == []
+    info = pm.info("single")
+    assert info.status == "skipped" and "wrap a single value in a list" in info.reason
+
+
+# -- spec validation: variants, backends ----------------------------------------------------------------------------
+
+
+def test_kernel_with_a_variant_its_kind_lacks_is_rejected_with_the_allowed_variants(caplog):
+    from kernels_core import _builtin
+
+    def kernels():
+        return [
+            KernelSpec(id="odd.rms_norm.weird", kind="rms_norm", variants=("standard", "weird"), backend="cpu",
+                       impl="m:f"),
+            KernelSpec(id="odd.rms_norm.typo", kind="rms_norm", variants=("standrd",), backend="cpu", impl="m:f"),
+            _spec("odd.rms_norm.fine", 1),
+        ]
+
+    pm = KernelsPluginManager(load_entrypoints=False, strict=False)
+    pm.register(_builtin, "builtin")
+    pm.register(_plugin(kernels_core_kernels=kernels), "odd", distribution="odd-plugin", version="0.2")
+    with caplog.at_level(logging.WARNING, logger="kernels_core"):
+        assert [k.spec.id for k in pm.kernels()] == ["odd.rms_norm.fine"], "the plugin's valid kernel stays"
+    rejected = {spec.id: reason for spec, _plugin_info, reason in pm.rejected_kernels()}
+    assert set(rejected) == {"odd.rms_norm.weird", "odd.rms_norm.typo"}
+    assert "['weird']" in rejected["odd.rms_norm.weird"]
+    assert "allowed variants: ['offset', 'standard']" in rejected["odd.rms_norm.weird"]
+    assert "did you mean 'standrd' -> 'standard'?" in rejected["odd.rms_norm.typo"]
+    assert pm.info("odd").status == "loaded" and "odd.rms_norm.weird" in pm.info("odd").reason
+    assert any("'odd' (odd-plugin 0.2)" in r.getMessage() and "weird" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_variant_raises_in_strict_mode():
+    from kernels_core.testing import fresh_plugin_manager
+
+    bad = KernelSpec(id="odd.k", kind="rms_norm", variants=("weird",), backend="cpu", impl="m:f")
+    pm = fresh_plugin_manager((_plugin(kernels_core_kernels=lambda: [bad]), "odd"))
+    with pytest.raises(PluginError, match="'odd'.*odd.k.*allowed variants"):
+        pm.kernels()
+
+
+@pytest.mark.parametrize("backend", ["cuda:0", "CUDA", "", "rocm 6"])
+def test_backend_names_must_be_well_formed(backend):
+    with pytest.raises(ValueError, match="lowercase backend name.*such as 'cuda'.*not a torch device"):
+        KernelSpec(id="x.y", kind="rms_norm", variants=("standard",), backend=backend, impl="m:f")
+    with pytest.raises(ValueError, match="lowercase backend name"):
+        BackendInfo(backend=backend, device_type="cuda")
+
+
+def test_kernel_for_a_backend_no_plugin_detects_is_listed(capsys):
+    import json
+
+    from kernels_core import _cli
+    from kernels_core import _manager as manager_module
+    from kernels_core.testing import fresh_plugin_manager
+
+    typo = KernelSpec(id="typo.rms_norm.k", kind="rms_norm", variants=("standard",), backend="cpuu",
+                      impl="kernels_core._builtin:kernels_core_layer_kinds")
+    npu = KernelSpec(id="npu.rms_norm.k", kind="rms_norm", variants=("standard",), backend="npu",
+                     impl="kernels_core._builtin:kernels_core_layer_kinds")
+    absent_npu = [BackendInfo(backend="npu", device_type="npu", reason="no torch_npu")]
+    pm = fresh_plugin_manager((_plugin(kernels_core_kernels=lambda: [typo, npu],
+                                       kernels_core_detect_devices=lambda: absent_npu), "vendor"))
+    problems = pm.kernel_problems()
+    assert [status for status, _ in problems["typo.rms_norm.k"]] == ["undetectable backend"]
+    assert "'cpuu' is detected by no installed plugin" in problems["typo.rms_norm.k"][0][1]
+    assert "npu.rms_norm.k" not in problems, "a backend detected with zero devices is detectable"
+    previous = manager_module.reset_plugin_manager(pm)
+    try:
+        assert _cli.main(["kernels"]) == 0
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("typo.rms_norm.k"))
+        assert row.rstrip().endswith("undetectable backend")
+        assert "undetectable backend: typo.rms_norm.k (vendor): backend 'cpuu'" in out
+        assert _cli.main(["kernels", "--json"]) == 0
+        data = {k["id"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
+        assert data["typo.rms_norm.k"]["problems"][0]["status"] == "undetectable backend"
+        assert data["npu.rms_norm.k"]["problems"] == []
+    finally:
+        manager_module.reset_plugin_manager(previous)

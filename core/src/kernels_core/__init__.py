@@ -21,6 +21,7 @@ from ._config import KernelsConfig
 from ._config import KindConfig
 from ._config import load_config
 from ._hookspecs import hookimpl
+from ._manager import KernelFallbackWarning
 from ._manager import KernelsPluginManager
 from ._manager import PluginError
 from ._manager import PluginInfo
@@ -56,6 +57,7 @@ __all__ = [
     "ConfigWarning",
     "Decline",
     "DeviceInfo",
+    "KernelFallbackWarning",
     "KernelSpec",
     "KernelizeError",
     "KernelizeReport",

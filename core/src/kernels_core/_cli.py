@@ -59,15 +59,24 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _kernels(args: argparse.Namespace) -> int:
+    pm = get_plugin_manager()
     kernels = list_kernels(backend=args.backend)
+    # Kernels that are listed but will not run (undetectable backend, missing impl, a fallback seen in this
+    # process), and kernels dropped from loaded plugins (a variant their kind lacks), with the reason.
+    problems = pm.kernel_problems()
+    rejected = [(spec, plugin, reason) for spec, plugin, reason in pm.rejected_kernels()
+                if args.backend is None or spec.backend in (args.backend, "any")]
     if args.json:
         payload = []
         for spec, plugin in kernels:
             data = asdict(spec)
             data["supports"] = [f.name for f in type(spec.supports) if f in spec.supports and f.name]
             payload.append({**data, "plugin": plugin.name, "distribution": plugin.distribution,
-                            "version": plugin.version})
-        print(json.dumps({"kernels": payload}, indent=2, default=str))
+                            "version": plugin.version,
+                            "problems": [{"status": s, "detail": d} for s, d in problems.get(spec.id, [])]})
+        dropped = [{"id": spec.id, "kind": spec.kind, "backend": spec.backend, "plugin": plugin.name,
+                    "distribution": plugin.distribution, "reason": reason} for spec, plugin, reason in rejected]
+        print(json.dumps({"kernels": payload, "rejected": dropped}, indent=2, default=str))
         return 0
     rows = []
     for spec, plugin in kernels:
@@ -76,9 +85,19 @@ def _kernels(args: argparse.Namespace) -> int:
             modes.append("compile")
         # float16 -> f16, bfloat16 -> bf16, float32 -> f32: keeps the table narrow.
         dtypes = ",".join(d.replace("float", "f") for d in spec.dtypes)
+        status = ", ".join(s for s, _ in problems.get(spec.id, [])) or "ok"
         rows.append((spec.id, spec.kind, ",".join(spec.variants), spec.backend, str(spec.priority), "+".join(modes),
-                     dtypes, plugin.name))
-    print(format_table(("kernel", "kind", "variants", "backend", "priority", "modes", "dtypes", "plugin"), rows))
+                     dtypes, plugin.name, status))
+    for spec, plugin, _reason in rejected:
+        rows.append((spec.id, spec.kind, ",".join(spec.variants), spec.backend, str(spec.priority), "-", "-",
+                     plugin.name, "rejected"))
+    print(format_table(("kernel", "kind", "variants", "backend", "priority", "modes", "dtypes", "plugin", "status"),
+                       rows))
+    for spec, plugin in kernels:
+        for status, detail in problems.get(spec.id, []):
+            print(f"{status}: {spec.id} ({plugin.name}): {detail}")
+    for spec, plugin, reason in rejected:
+        print(f"rejected: {spec.id} ({plugin.name}): {reason}")
     return 0
 
 

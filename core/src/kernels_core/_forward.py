@@ -2,13 +2,15 @@
 
 Both forwards are small picklable objects holding *references* (``module:attr`` strings) rather than functions,
 so ``copy.deepcopy``, ``torch.save``/``torch.load`` and pickling keep a kernelized model kernelized; the callable
-they dispatch to is rebuilt lazily after a copy or a load.
+they dispatch to is rebuilt lazily after a copy or a load. An exception raised through one keeps its type and gains
+a note naming the kernel, its plugin, the module and the configuration line that turns the kernel off.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 import types
 from collections.abc import Callable
@@ -28,7 +30,11 @@ __all__ = [
     "ReroutedForward",
     "decorator_chain_problem",
     "load_ref",
+    "locate_problem",
+    "ref_problem",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class _Missing:
@@ -73,6 +79,92 @@ def load_ref(ref: str) -> Any:
             obj = getattr(obj, part)
         _REF_CACHE[ref] = obj
     return _REF_CACHE[ref]
+
+
+def ref_problem(ref: str) -> str | None:
+    """Why ``ref`` cannot be loaded (imported, resolved, callable), or None; importing it if needed.
+
+    Example:
+        >>> ref_problem("json:dumps") is None
+        True
+        >>> ref_problem("json:no_such_function")
+        "cannot be loaded: AttributeError: module 'json' has no attribute 'no_such_function'"
+    """
+    try:
+        obj = load_ref(ref)
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer
+        return f"cannot be loaded: {type(exc).__name__}: {exc}"
+    return None if callable(obj) else f"is not callable ({type(obj).__name__})"
+
+
+def _find_spec(name: str, path: Any) -> Any:
+    # The import system's finders, asked without executing anything (editable installs use meta-path finders).
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            spec = find_spec(name, path)
+        except Exception:  # noqa: BLE001 - a finder that cannot answer is no evidence either way
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+def locate_problem(ref: str) -> str | None:
+    """Why the module of ``ref`` cannot be found, importing nothing that is not imported yet; None if found.
+
+    Only an attribute of an already imported module is checked; otherwise finding the file is enough.
+
+    Example:
+        >>> locate_problem("json:dumps") is None
+        True
+        >>> locate_problem("no_such_package_xyz.ops:f")
+        "module 'no_such_package_xyz' not found"
+    """
+    module_name, _, attr_path = ref.partition(":")
+    parts = module_name.split(".")
+    path = None
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        module = sys.modules.get(name)
+        if module is not None:
+            path = getattr(module, "__path__", None)
+        else:
+            spec = _find_spec(name, path)
+            if spec is None:
+                return f"module {name!r} not found"
+            path = spec.submodule_search_locations
+        if path is None and i < len(parts) - 1:
+            return f"module {'.'.join(parts[: i + 2])!r} not found ({name!r} is not a package)"
+    module = sys.modules.get(module_name)
+    if module is not None:
+        obj: object = module
+        for part in attr_path.split("."):
+            if not hasattr(obj, part):
+                return f"module {module_name!r} has no attribute {attr_path!r}"
+            obj = getattr(obj, part)
+    return None
+
+
+_NOTE_PREFIX = "kernels-core: "
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to an exception raised through a kernelized forward, once (the innermost forward's)."""
+    if any(str(n).startswith(_NOTE_PREFIX) for n in getattr(exc, "__notes__", ())):
+        return
+    if hasattr(exc, "add_note"):
+        exc.add_note(_NOTE_PREFIX + note)
+    else:  # pragma: no cover - Python 3.10 has no exception notes
+        logger.error("%s%s", _NOTE_PREFIX, note)
+
+
+def _disable_hint(kernel_ids: tuple[str, ...]) -> str:
+    ids = ", ".join(f'"{k}"' for k in kernel_ids)
+    return (f"to run without it, set kernels.disable = [{ids}] in kernels.toml (or in kernelize's config "
+            "argument), or call kernels_core.unkernelize(model)")
 
 
 def _inner_cell(wrapper: Any) -> int | None:
@@ -153,6 +245,8 @@ class _LazyForward:
 
     module: Any
     _fn: Callable[..., Any] | None
+    # Where the forward is bound, for error notes; class defaults keep forwards pickled without them loadable.
+    module_name: str = ""
 
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
@@ -160,10 +254,22 @@ class _LazyForward:
     def _callable(self) -> Callable[..., Any]:
         return self._fn if self._fn is not None else _built(self)
 
+    def _failure_note(self) -> str:
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        name = f"{self.module_name!r} " if self.module_name else ""
+        return f"module {name}({type(self.module).__qualname__})"
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Once per kernelized module per step: one frame less than going through _callable().
+        # Once per kernelized module per step: one frame less than going through _callable(); the try costs
+        # nothing unless something raises.
         fn = self._fn
-        return (fn if fn is not None else _built(self))(*args, **kwargs)
+        try:
+            return (fn if fn is not None else _built(self))(*args, **kwargs)
+        except Exception as exc:
+            _add_note(exc, self._failure_note())
+            raise
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -186,6 +292,10 @@ class KernelForward(_LazyForward):
         ``module.forward(x)`` calls ``adapter(module, match, impl, options)(x)``, the adapter being built once.
     """
 
+    # Class defaults: forwards pickled before these attributes existed still load and still annotate errors.
+    plugin: str = ""
+    origin: str = ""
+
     def __init__(
         self,
         module: Any,
@@ -196,6 +306,9 @@ class KernelForward(_LazyForward):
         adapter: str,
         match: Match,
         options: dict[str, object],
+        plugin: str = "",
+        origin: str = "",
+        module_name: str = "",
     ) -> None:
         self.module = module
         self.kernel_id = kernel_id
@@ -204,10 +317,18 @@ class KernelForward(_LazyForward):
         self.adapter = adapter
         self.match = match
         self.options = dict(options)
+        self.plugin = plugin
+        self.origin = origin
+        self.module_name = module_name
         self._fn = None
 
     def _build(self) -> Callable[..., Any]:
         return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
+
+    def _failure_note(self) -> str:
+        plugin = f" of plugin {self.plugin!r} ({self.origin})" if self.plugin else ""
+        return (f"raised in kernel {self.kernel_id!r}{plugin}, bound to {self._where()} as its {self.kind} "
+                f"forward (impl {self.impl}); {_disable_hint((self.kernel_id,))}")
 
     def __repr__(self) -> str:
         return f"<kernels_core forward {self.kernel_id} of {type(self.module).__name__}>"
@@ -224,6 +345,8 @@ class GlobalOverride:
     adapter: str
     match: Match
     options: dict[str, object] = field(default_factory=dict)
+    plugin: str = ""
+    origin: str = ""
 
 
 class ReroutedForward(_LazyForward):
@@ -234,23 +357,36 @@ class ReroutedForward(_LazyForward):
 
     _scoped: tuple[Any, ...] = ()
 
-    def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...]) -> None:
+    def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...], module_name: str = "") -> None:
         self.module = module
         self.overrides = tuple(overrides)
+        self.module_name = module_name
         self._fn = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fn = self._callable()  # builds self._scoped too
-        if not self._scoped:
-            return fn(*args, **kwargs)
-        # A replacement may need a fact about this call that only the caller's arguments show (e.g. whether the
-        # model derives position ids itself); it records it before the forward runs and restores it after.
-        tokens = [scoped.enter_call(args, kwargs) for scoped in self._scoped]
         try:
-            return fn(*args, **kwargs)
-        finally:
-            for scoped, token in zip(reversed(self._scoped), reversed(tokens), strict=True):
-                scoped.exit_call(token)
+            fn = self._callable()  # builds self._scoped too
+            if not self._scoped:
+                return fn(*args, **kwargs)
+            # A replacement may need a fact about this call that only the caller's arguments show (e.g. whether
+            # the model derives position ids itself); it records it before the forward runs and restores it after.
+            tokens = [scoped.enter_call(args, kwargs) for scoped in self._scoped]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for scoped, token in zip(reversed(self._scoped), reversed(tokens), strict=True):
+                    scoped.exit_call(token)
+        except Exception as exc:
+            _add_note(exc, self._failure_note())
+            raise
+
+    def _failure_note(self) -> str:
+        # The class forward runs here too: the exception may come from the model's own code or from a kernel.
+        kernels = ", ".join(
+            f"{o.kernel_id!r} for {o.global_name}" + (f" (plugin {o.plugin!r}, {o.origin})" if o.plugin else "")
+            for o in self.overrides)
+        return (f"raised in the forward of {self._where()}, which runs with kernels {kernels} in place of the "
+                f"global functions it calls; {_disable_hint(self.kernel_ids)}")
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_scoped": ()}

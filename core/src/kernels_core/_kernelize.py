@@ -193,15 +193,19 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     covered: dict[int, tuple[str, str]] = {}
     ctx = MatchContext(model)
     matchers = {}
+    unusable: list[ReportEntry] = []
     for name in sorted(kinds):
-        try:
-            matchers[name] = load_ref(kinds[name].kind.matcher)
-        except Exception as exc:  # noqa: BLE001 - one plugin's broken kind must not stop the others
-            logger.warning("layer kind %r from plugin %r (%s) ignored: matcher %s failed to import: %s", name,
-                           kinds[name].plugin.name, kinds[name].plugin.origin, kinds[name].kind.matcher, exc)
+        # A kind whose matcher or adapter does not load is left out, warned about once and reported; the others
+        # keep working. Strict kernelize raises for it.
+        problem = pm.kind_problem(name)
+        if problem is not None:
+            unusable.append(ReportEntry(module="", kind=name, variant=None, device=None, backend=None, reason=problem))
+            continue
+        matchers[name] = load_ref(kinds[name].kind.matcher)
     plans: dict[int, _ModulePlan] = {}
-    entries: list[ReportEntry] = []
-    unmet: list[ReportEntry] = []
+    entries: list[ReportEntry] = list(unusable)
+    unmet: list[ReportEntry] = [e for e in unusable if config.kind(e.kind).strict
+                                or (config.kind(e.kind).strict is None and config.strict)]
     for module_name, module in model.named_modules():
         for kind_name, matcher in matchers.items():
             provided_kind = kinds[kind_name]
@@ -284,7 +288,8 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
     if plan.forward is not None:
         p = plan.forward
         forward = KernelForward(module, kernel_id=p.kernel.spec.id, kind=p.kind.kind.name, impl=p.kernel.spec.impl,
-                                adapter=p.kind.kind.adapter, match=p.match, options=p.options)
+                                adapter=p.kind.kind.adapter, match=p.match, options=p.options,
+                                plugin=p.kernel.plugin.name, origin=p.kernel.plugin.origin, module_name=plan.name)
         binding: object = None
         hook = pm.bind_hook_of(p.kernel.plugin.name)
         if hook is not None:
@@ -303,10 +308,11 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
     overrides = tuple(
         GlobalOverride(kernel_id=p.kernel.spec.id, kind=p.kind.kind.name,
                        global_name=str(p.match.params["global_name"]), impl=p.kernel.spec.impl,
-                       adapter=p.kind.kind.adapter, match=p.match, options=p.options)
+                       adapter=p.kind.kind.adapter, match=p.match, options=p.options,
+                       plugin=p.kernel.plugin.name, origin=p.kernel.plugin.origin)
         for p in plan.globals
     )
-    rerouted = ReroutedForward(module, overrides=overrides)
+    rerouted = ReroutedForward(module, overrides=overrides, module_name=plan.name)
     rerouted._fn = rerouted._build()
     _apply(module, {"forward": rerouted}, tuple((o.kind, o.kernel_id) for o in overrides))
 

@@ -4,13 +4,19 @@ pluggy's own ``load_setuptools_entrypoints`` imports every plugin with no error 
 stop at the first exception, so this module loads each entry point and calls each plugin's hooks separately:
 a plugin that fails to import, raises in a hook or declares malformed data is skipped as a whole, with one
 warning naming it, its distribution and version, and every other plugin keeps working.
+
+The names ``builtin`` and ``portable`` belong to the kernels-core distribution: another distribution advertising
+them is refused before its module is imported, so it can neither replace the core's layer kinds nor run code.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import re
 import threading
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
@@ -21,6 +27,8 @@ import pluggy
 
 from . import _hookspecs
 from ._config import env_flag
+from ._forward import ref_problem
+from ._types import ANY_BACKEND
 from ._types import BackendInfo
 from ._types import KernelSpec
 from ._types import LayerKind
@@ -28,6 +36,7 @@ from ._types import LayerKind
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "KernelFallbackWarning",
     "KernelsPluginManager",
     "PluginError",
     "PluginInfo",
@@ -46,6 +55,51 @@ ENV_BLOCK = "KERNELS_CORE_DISABLE_PLUGINS"
 ENV_TRACE = "KERNELS_CORE_TRACE_PLUGINS"
 # The built-in plugin declares the layer kinds and the default binder; without it nothing can be matched.
 UNBLOCKABLE = frozenset({"builtin"})
+# Entry names only the kernels-core distribution may advertise, with the module each one must be.
+CORE_DISTRIBUTION = "kernels-core"
+RESERVED = {"builtin": "kernels_core._builtin", "portable": "kernels_core._builtin.portable"}
+
+
+class KernelFallbackWarning(UserWarning):
+    """An automatic choice fell back: a kernel or a layer kind could not be used, so something else runs.
+
+    Issued once per kernel (or kind) and cause in a process; the message names the plugin, its distribution,
+    the kernel id and the cause. Turn it into an error with ``-W error::kernels_core.KernelFallbackWarning``.
+    """
+
+
+# Process-wide: what fell back and why, for listings; which (plugin, subject, cause) were already warned about.
+_FALLBACKS: dict[tuple[str, str], str] = {}
+_WARNED: set[tuple[str, str, str]] = set()
+_FALLBACK_LOCK = threading.Lock()
+
+
+def warn_fallback(plugin: PluginInfo, subject: str, cause: str, message: str) -> None:
+    """Record that ``subject`` (a kernel id, or ``kind:<name>``) of ``plugin`` fell back; warn once per cause."""
+    key = (plugin.name, subject, cause)
+    with _FALLBACK_LOCK:
+        _FALLBACKS[(plugin.name, subject)] = cause
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(message, KernelFallbackWarning, stacklevel=3)
+
+
+def recorded_fallbacks() -> dict[tuple[str, str], str]:
+    """``(plugin, kernel id or kind:<name>) -> cause`` for every fallback seen in this process."""
+    with _FALLBACK_LOCK:
+        return dict(_FALLBACKS)
+
+
+def reset_fallbacks() -> None:
+    """Forget recorded fallbacks and warnings (tests: each test starts as a fresh process would)."""
+    with _FALLBACK_LOCK:
+        _FALLBACKS.clear()
+        _WARNED.clear()
+
+
+def _canonical(distribution: str | None) -> str | None:
+    return re.sub(r"[-_.]+", "-", distribution).lower() if distribution else None
 
 
 class PluginError(RuntimeError):
@@ -58,7 +112,13 @@ class PluginError(RuntimeError):
 
 @dataclass(frozen=True)
 class PluginInfo:
-    """What the core knows about one plugin, for listings, reports and error messages."""
+    """What the core knows about one plugin, for listings, reports and error messages.
+
+    ``status`` is ``loaded``, ``blocked`` (allow or block list: never imported), ``refused`` (a reserved or
+    already taken name: never imported), ``failed`` (import or hook validation failed) or ``skipped`` (its
+    declarations were malformed or clash with another plugin's). ``reason`` says why; a ``loaded`` plugin with a
+    reason has a problem that did not stop it (a hook returned ``None``, a kernel was rejected).
+    """
 
     name: str
     module: str
@@ -142,7 +202,15 @@ class KernelsPluginManager:
         self._infos: dict[str, PluginInfo] = {}
         self._lock = threading.RLock()
         self._collected: dict[str, _Contribution] | None = None
-        self.conflicts: list[str] = []
+        # Refused entry points (reserved or duplicate names): listed, never imported, never registered.
+        self._refused: list[PluginInfo] = []
+        # Name clashes found while loading survive invalidate(); those found while collecting are recomputed.
+        self._load_conflicts: list[str] = []
+        self._collect_conflicts: list[str] = []
+        # Problems that did not stop a loaded plugin, per plugin, and kernels rejected, for this collection.
+        self._soft_problems: dict[str, list[str]] = {}
+        self._rejected: list[tuple[KernelSpec, PluginInfo, str]] = []
+        self._warned: set[str] = set()
         if load_entrypoints:
             self.load_entrypoints()
 
@@ -150,9 +218,15 @@ class KernelsPluginManager:
 
     @property
     def plugins(self) -> list[PluginInfo]:
-        """Every plugin seen, loaded or not, sorted by name."""
+        """Every plugin seen, loaded or not (refused entry points included), sorted by name."""
         self._ensure_collected()
-        return sorted(self._infos.values(), key=lambda info: info.name)
+        return sorted([*self._infos.values(), *self._refused], key=lambda info: (info.name, info.status != "loaded"))
+
+    @property
+    def conflicts(self) -> list[str]:
+        """Name clashes: entry-point names advertised twice or reserved, kinds, kernel ids and priorities."""
+        self._ensure_collected()
+        return [*self._load_conflicts, *self._collect_conflicts]
 
     @property
     def pluggy_manager(self) -> pluggy.PluginManager:
@@ -169,11 +243,16 @@ class KernelsPluginManager:
                 distribution=dist.metadata["Name"] if dist is not None else None,
                 version=dist.version if dist is not None else None,
             )
+            if ep.name in RESERVED and _canonical(info.distribution) != CORE_DISTRIBUTION:
+                self._refuse(info, f"the plugin name {ep.name!r} is reserved for kernels-core's own plugin; "
+                                   f"{info.origin} advertises it for {ep.value!r}, which was not imported. Rename "
+                                   f"the entry point in that distribution's [project.entry-points."
+                                   f"\"{ENTRY_POINT_GROUP}\"] table, or uninstall it")
+                continue
             if ep.name in self._infos:
-                self._note_conflict(
-                    f"plugin name {ep.name!r} is advertised twice ({self._infos[ep.name].origin} and "
-                    f"{info.origin}); keeping the first"
-                )
+                self._refuse(info, f"the plugin name {ep.name!r} is already taken by {self._infos[ep.name].origin}; "
+                                   f"{ep.value!r} was not imported. Rename one of the two entry points, or "
+                                   "uninstall one distribution")
                 continue
             skip_reason = self._blocked_reason(ep.name)
             if skip_reason:
@@ -186,6 +265,22 @@ class KernelsPluginManager:
                 self._fail(info, f"import of {ep.value!r} failed: {type(exc).__name__}: {exc}", exc)
                 continue
             self._register(plugin, info)
+        if "builtin" not in self._infos:
+            # kernels-core's own entry points are missing (a source tree on sys.path, not installed): its layer
+            # kinds are still needed, and no other distribution may stand in for them.
+            from . import _builtin
+
+            logger.debug("no kernels-core entry point named builtin; registering %s directly", RESERVED["builtin"])
+            self._register(_builtin, PluginInfo(name="builtin", module=RESERVED["builtin"]))
+
+    def _refuse(self, info: PluginInfo, reason: str) -> None:
+        refused = _replace(info, status="refused", reason=reason)
+        self._refused.append(refused)
+        message = f"kernels-core plugin {info.name!r} ({info.origin}) refused: {reason}"
+        self._load_conflicts.append(message)
+        if self.strict:
+            raise PluginError(info.name, message)
+        logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
 
     def register(
         self,
@@ -197,6 +292,9 @@ class KernelsPluginManager:
     ) -> PluginInfo:
         """Register an in-process plugin object or module (tests, notebooks, frameworks embedding kernels)."""
         module_name = getattr(plugin, "__name__", type(plugin).__name__)
+        if name in RESERVED and module_name != RESERVED[name]:
+            raise ValueError(f"the plugin name {name!r} is reserved for kernels-core's own {RESERVED[name]}; "
+                             f"register {module_name!r} under another name")
         info = PluginInfo(name=name, module=module_name, distribution=distribution, version=version)
         if name in self._infos and self._infos[name].status == "loaded":
             raise ValueError(f"a plugin named {name!r} is already registered ({self._infos[name].origin})")
@@ -219,9 +317,11 @@ class KernelsPluginManager:
         """Forget collected declarations so the next query asks the plugins again."""
         with self._lock:
             self._collected = None
-            self.conflicts = []
+            self._collect_conflicts = []
+            self._soft_problems = {}
+            self._rejected = []
             for name, info in list(self._infos.items()):
-                if info.status == "skipped":
+                if info.status == "skipped" or (info.status == "loaded" and info.reason):
                     self._infos[name] = _replace(info, status="loaded", reason=None)
 
     def _blocked_reason(self, name: str) -> str | None:
@@ -267,8 +367,18 @@ class KernelsPluginManager:
         logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
 
     def _note_conflict(self, message: str) -> None:
-        self.conflicts.append(message)
+        self._collect_conflicts.append(message)
         logger.warning("kernels-core plugin conflict: %s", message)
+
+    def _soft_problem(self, name: str, problem: str) -> None:
+        """A problem that does not stop a loaded plugin: warned once, shown as its reason, raised if strict."""
+        self._soft_problems.setdefault(name, []).append(problem)
+        message = f"kernels-core plugin {name!r} ({self._infos[name].origin}): {problem}"
+        if self.strict:
+            raise PluginError(name, message)
+        if message not in self._warned:
+            self._warned.add(message)
+            logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
 
     # -- collecting --------------------------------------------------------------------------------------
 
@@ -295,8 +405,20 @@ class KernelsPluginManager:
                         continue
                     try:
                         result = function()
-                        values = list(result or ())
                     except Exception as exc:  # noqa: BLE001 - a raising hook skips only its plugin
+                        raise _SkipPlugin(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
+                    if result is None:
+                        # Usually a forgotten ``return``: the plugin declares nothing here, which is worth a word.
+                        self._soft_problem(name, f"hook {hook_name} returned None, so it declares nothing; "
+                                                 f"return a list of {expected.__name__} (an empty list when "
+                                                 "there is nothing to declare)")
+                        continue
+                    if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
+                        raise _SkipPlugin(f"hook {hook_name} returned {type(result).__name__} {result!r}; expected "
+                                          f"a list of {expected.__name__} (wrap a single value in a list)")
+                    try:
+                        values = list(result)
+                    except Exception as exc:  # noqa: BLE001 - a raising generator skips only its plugin
                         raise _SkipPlugin(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
                     for value in values:
                         if not isinstance(value, expected):
@@ -315,6 +437,9 @@ class KernelsPluginManager:
                 continue
             contributions[name] = contribution
         self._validate_cross_plugin(contributions)
+        for name, problems in self._soft_problems.items():
+            if self._infos[name].status == "loaded":
+                self._infos[name] = _replace(self._infos[name], reason="; ".join(problems))
         return contributions
 
     def _validate_cross_plugin(self, contributions: dict[str, _Contribution]) -> None:
@@ -349,6 +474,10 @@ class KernelsPluginManager:
         seen_ids: dict[str, str] = {}
         seen_kinds: dict[str, str] = {}
         seen_priority: dict[tuple[str, str, int], str] = {}
+        kinds: dict[str, tuple[LayerKind, str]] = {}
+        for name in sorted(contributions, key=lambda n: (n != "builtin", n)):
+            for k in contributions[name].kinds:
+                kinds.setdefault(k.name, (k, name))
         for name in sorted(contributions):
             for kind in contributions[name].kinds:
                 if kind.name in seen_kinds:
@@ -360,6 +489,15 @@ class KernelsPluginManager:
                     seen_kinds[kind.name] = name
             kept = []
             for spec in contributions[name].kernels:
+                if spec.kind not in kinds:  # its kind's plugin was skipped above
+                    self._reject(name, spec, f"layer kind {spec.kind!r} is declared by no loaded plugin; "
+                                             f"known kinds: {sorted(kinds)}")
+                    continue
+                kind, kind_owner = kinds[spec.kind]
+                unknown = [v for v in spec.variants if v not in kind.variants]
+                if unknown:
+                    self._reject(name, spec, _variant_problem(spec, unknown, kind, kind_owner))
+                    continue
                 if spec.id in seen_ids:
                     self._note_conflict(
                         f"kernel id {spec.id!r} declared by {seen_ids[spec.id]!r} and {name!r}; "
@@ -377,6 +515,11 @@ class KernelsPluginManager:
                 kept.append(spec)
             contributions[name].kernels = kept
             contributions[name].kinds = [k for k in contributions[name].kinds if seen_kinds[k.name] == name]
+
+    def _reject(self, name: str, spec: KernelSpec, reason: str) -> None:
+        """Drop one kernel of a loaded plugin (its other kernels stay): listed, warned once, raised if strict."""
+        self._rejected.append((spec, self._infos[name], reason))
+        self._soft_problem(name, f"kernel {spec.id!r} ignored: {reason}")
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -398,6 +541,72 @@ class KernelsPluginManager:
         collected = self._ensure_collected()
         provided = [ProvidedKernel(s, self._infos[name]) for name, c in collected.items() for s in c.kernels]
         return sorted(provided, key=lambda p: (p.spec.kind, -p.spec.priority, p.plugin.name, p.spec.id))
+
+    def rejected_kernels(self) -> list[tuple[KernelSpec, PluginInfo, str]]:
+        """Kernels dropped from loaded plugins (a variant their kind lacks...), with the reason."""
+        self._ensure_collected()
+        return list(self._rejected)
+
+    def detectable_backends(self) -> frozenset[str]:
+        """Backend names some loaded plugin's detect hook reports, with or without devices, plus ``any``."""
+        return frozenset({b.backend for b, _ in self.backends()} | {ANY_BACKEND})
+
+    def kernel_problems(self, *, locate_impls: bool = True) -> dict[str, list[tuple[str, str]]]:
+        """Why listed kernels will not (or may not) be used: kernel id -> ``(status, detail)`` pairs.
+
+        Statuses: ``undetectable backend`` (no installed plugin detects the kernel's backend, so it is never
+        chosen), ``fell back`` (recorded in this process) and, with ``locate_impls``, ``impl missing`` (the
+        ``impl`` module cannot be found). Imports nothing new.
+        """
+        from ._forward import locate_problem
+
+        detectable = self.detectable_backends()
+        fallbacks = recorded_fallbacks()
+        problems: dict[str, list[str]] = {}
+        for provided in self.kernels():
+            spec, plugin = provided.spec, provided.plugin
+            found = []
+            if spec.backend not in detectable:
+                found.append(("undetectable backend",
+                              f"backend {spec.backend!r} is detected by no installed plugin (detectable: "
+                              f"{', '.join(sorted(detectable))}), so this kernel is never chosen; install the "
+                              "plugin that drives it, or fix the backend name"))
+            cause = fallbacks.get((plugin.name, spec.id))
+            if cause is not None:
+                found.append(("fell back", f"passed over in this process: {cause}"))
+            elif locate_impls and (missing := locate_problem(spec.impl)) is not None:
+                found.append(("impl missing", f"impl {spec.impl!r}: {missing}; kernelize passes it over for the "
+                                              f"next kernel (reinstall or fix {plugin.distribution or plugin.name})"))
+            if found:
+                problems[spec.id] = found
+        return problems
+
+    def kind_problem(self, name: str) -> str | None:
+        """Why layer kind ``name`` cannot be used (its matcher or adapter does not load), or None; warns once."""
+        provided = self.layer_kinds()[name]
+        for role in ("matcher", "adapter"):
+            ref = getattr(provided.kind, role)
+            problem = ref_problem(ref)
+            if problem is not None:
+                plugin = provided.plugin
+                cause = f"its {role} {ref!r} {problem}"
+                fix = ("Reinstall kernels-core" if plugin.name in RESERVED else
+                       f"Fix the reference in the plugin's kernels_core_layer_kinds(), or block the plugin with "
+                       f"{ENV_BLOCK}={plugin.name}")
+                message = (f"layer kind {name!r} of plugin {plugin.name!r} ({plugin.origin}) is not used, so its "
+                           f"modules keep their own forward: {cause}. {fix}")
+                warn_fallback(plugin, f"kind:{name}", cause, message)
+                return message
+        return None
+
+    def note_fallback(self, provided: ProvidedKernel, cause: str) -> None:
+        """Record and warn (once per kernel and cause, per process) that an automatic choice passed a kernel over."""
+        spec, plugin = provided.spec, provided.plugin
+        fix = f"reinstall or fix {plugin.distribution}" if plugin.distribution else f"fix plugin {plugin.name!r}"
+        warn_fallback(plugin, spec.id, cause,
+                      f"kernel {spec.id!r} of plugin {plugin.name!r} ({plugin.origin}) cannot be used, so the next "
+                      f"candidate runs instead: {cause}. To fix it, {fix}; to stop trying it, set "
+                      f'kernels.disable = ["{spec.id}"] in kernels.toml')
 
     def default_binding(self, **kwargs: object) -> object:
         """The built-in plugin's default binding (``trylast``), used when the owning plugin has no opinion."""
@@ -421,6 +630,13 @@ class KernelsPluginManager:
 
 class _SkipPlugin(Exception):
     pass
+
+
+def _variant_problem(spec: KernelSpec, unknown: list[str], kind: LayerKind, owner: str) -> str:
+    hints = [f"{v!r} -> {close[0]!r}?" for v in unknown if (close := difflib.get_close_matches(v, kind.variants, 1))]
+    hint = f" (did you mean {', '.join(hints)})" if hints else ""
+    return (f"declares variant(s) {unknown} that layer kind {spec.kind!r} (plugin {owner!r}) does not have{hint}; "
+            f"allowed variants: {sorted(kind.variants)}. Fix the kernel's variants in kernels_core_kernels()")
 
 
 def _replace(info: PluginInfo, **changes: object) -> PluginInfo:

@@ -134,6 +134,10 @@ class Resolver:
         return None
 
     def load_problem(self, provided: ProvidedKernel) -> str | None:
+        """Why this kernel's implementation cannot be loaded, or None; a failure warns once per kernel and process.
+
+        Called only for a kernel that qualified for a module, so a failure here means the choice falls back.
+        """
         spec = provided.spec
         if spec.id not in self._load_errors:
             try:
@@ -141,6 +145,8 @@ class Resolver:
                 self._load_errors[spec.id] = "" if callable(impl) else f"failed to load: {spec.impl} is not callable"
             except Exception as exc:  # noqa: BLE001 - a kernel that cannot load falls back
                 self._load_errors[spec.id] = f"failed to load {spec.impl}: {type(exc).__name__}: {exc}"
+            if self._load_errors[spec.id]:
+                self.pm.note_fallback(provided, self._load_errors[spec.id])
         return self._load_errors[spec.id] or None
 
     def choose(self, match: Match, target: Target) -> Choice:

@@ -84,6 +84,13 @@ def _check_name(value: str, what: str) -> None:
         raise ValueError(f"{what} {value!r} must be a snake_case name matching {_NAME_RE.pattern}")
 
 
+def _check_backend(value: str, what: str, *, portable: bool = False) -> None:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        also = f", or {ANY_BACKEND!r} for portable kernels" if portable else ""
+        raise ValueError(f"{what} {value!r} must be a lowercase backend name matching {_NAME_RE.pattern}, such as "
+                         f"'cuda', 'rocm', 'npu' or 'cpu'{also} (a name, not a torch device: no index, no upper case)")
+
+
 def _check_ref(value: str, what: str) -> None:
     if not isinstance(value, str) or not _REF_RE.match(value):
         raise ValueError(f"{what} {value!r} must be a lazy reference of the form 'package.module:attribute'")
@@ -169,7 +176,7 @@ class BackendInfo:
     reason: str | None = None
 
     def __post_init__(self) -> None:
-        _check_name(self.backend, "backend")
+        _check_backend(self.backend, "backend")
         if self.backend == ANY_BACKEND:
             raise ValueError(f"backend name {ANY_BACKEND!r} is reserved for portable kernels")
         _check_name(self.device_type, "device_type")
@@ -295,7 +302,7 @@ class KernelSpec:
         _check_name(self.kind, f"kernel {self.id!r}: kind")
         if not self.variants or not all(isinstance(v, str) for v in self.variants):
             raise ValueError(f"kernel {self.id!r}: variants must be a non-empty tuple of strings")
-        _check_name(self.backend, f"kernel {self.id!r}: backend")
+        _check_backend(self.backend, f"kernel {self.id!r}: backend", portable=True)
         _check_ref(self.impl, f"kernel {self.id!r}: impl")
         if not isinstance(self.priority, int):
             raise ValueError(f"kernel {self.id!r}: priority {self.priority!r} must be an int")

@@ -27,6 +27,7 @@ from ._manager import ENV_BLOCK
 from ._manager import ENV_STRICT
 from ._manager import ENV_TRACE
 from ._manager import KernelsPluginManager
+from ._manager import reset_fallbacks
 
 
 __all__ = [
@@ -130,6 +131,8 @@ def isolate_environment(monkeypatch: Any, directory: Any) -> None:
     for name in ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(directory)
+    # Fallback warnings are issued once per process; each test starts as a fresh process would.
+    reset_fallbacks()
 
 
 def assert_conforms(*plugins: str, kernel: str | None = None, plugin_manager: KernelsPluginManager | None = None,
