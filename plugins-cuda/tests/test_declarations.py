@@ -35,11 +35,21 @@ def _best(kind, *, compile_mode):
     ("residual_rms_norm", "cuda.residual_rms_norm.tuned", "cuda.residual_rms_norm.tuned"),
     ("layer_norm", "cuda.layer_norm.liger", "cuda.layer_norm.torch"),
     ("causal_lm_loss", "cuda.causal_lm_loss.liger", "cuda.causal_lm_loss.liger"),
-    ("moe_experts", "cuda.moe_experts.liger", None),
+    ("moe_experts", "cuda.moe_experts.grouped_mm_silu", "cuda.moe_experts.grouped_mm_silu"),
 ])
 def test_preferred_kernel_per_mode(kind, eager, compiled):
     assert _best(kind, compile_mode=False) == eager
     assert _best(kind, compile_mode=True) == compiled
+
+
+@pytest.mark.parametrize("variant,expected", [("silu", "cuda.moe_experts.grouped_mm_silu"),
+                                              ("gelu_tanh", "cuda.moe_experts.grouped_mm_gelu")])
+def test_each_experts_activation_prefers_the_grouped_products(variant, expected):
+    # Liger's MoE autotunes for over a minute on first use and has no compile support: it must rank below.
+    for compile_mode in (False, True):
+        eligible = [s for s in SPECS if s.kind == "moe_experts" and variant in s.variants
+                    and (not compile_mode or s.supports & Supports.TORCH_COMPILE)]
+        assert max(eligible, key=lambda s: s.priority).id == expected
 
 
 def test_triton_kernels_require_ampere_and_only_liger_ones_require_liger():

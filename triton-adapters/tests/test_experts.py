@@ -132,6 +132,17 @@ def _split(leaves, index):
     return x, index, w, gate_up, down
 
 
+def test_unaligned_sizes_take_the_dense_path_and_match():
+    """Rows that are no multiple of 16 bytes (hidden 6, intermediate 5 in float32), which the grouped products
+    refuse, still give the eager result."""
+    module = _experts_module("silu", n_experts=3, hidden=6, inter=5).double()
+    index, weights = _routing(9, 2, 3, used=2, seed=5)
+    x = torch.randn(9, 6, dtype=torch.float64)
+    expected = module(x, index, weights.double())
+    out = _experts.moe_experts_silu(x.float(), index, weights, module.gate_up_proj.float(), module.down_proj.float())
+    assert torch.allclose(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_unknown_activation_names_the_allowed_ones():
     with pytest.raises(ValueError, match="silu"):
         _experts.experts_forward(torch.zeros(1, 4), torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1),

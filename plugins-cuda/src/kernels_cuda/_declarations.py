@@ -2,7 +2,8 @@
 
 Order of preference among CUDA kernels (higher wins where a kernel qualifies for the mode): ``tuned`` (RMSNorm and
 the residual add + RMSNorm: a per-call choice between the Triton kernel and the native ops) 120 > ``triton``
-(kernels-triton's own kernels: one launch, thin host side) 115 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100.
+(kernels-triton's own kernels: one launch, thin host side) 115 > ``liger`` 110 > ``torch`` (ATen / Inductor) 100;
+MoE experts take kernels-triton's grouped-product experts (118: no autotuning, compile-ready) over Liger's.
 The numbers behind this order are in ``benchmarks/results/*.json`` and the plugin README.
 Under ``Mode.TORCH_COMPILE`` only kernels declaring it qualify, and the same order then picks: ``tuned`` RMSNorm
 (which hands Inductor the native math to fuse with the residual adds), the ``tuned`` residual add + RMSNorm (the

@@ -117,7 +117,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
     ``torch._grouped_mm``; float16 and float32 are traced as an opaque custom op with its own backward.
 
     Example:
-        >>> x, w = torch.randn(5, 4), torch.randn(2, 4, 3)
+        >>> x, w = torch.randn(5, 4), torch.randn(2, 4, 4)
         >>> out = grouped_mm(x, w, torch.tensor([2, 5], dtype=torch.int32))
         >>> torch.allclose(out[:2], x[:2] @ w[0], atol=1e-5) and torch.allclose(out[2:], x[2:] @ w[1], atol=1e-5)
         True
@@ -141,18 +141,25 @@ def experts_forward(
     ``hidden_states [T, H]``, ``top_k_index [T, K]``, ``top_k_weights [T, K]``, ``gate_up_proj [E, 2I, H]``,
     ``down_proj [E, H, I]``; ``activation`` is ``"silu"`` or ``"gelu_tanh"``. The output ``[T, H]`` is in the
     hidden dtype; the slots of a token are summed in float32 (eager adds them one by one in the hidden dtype).
+    The grouped products need rows of a multiple of 16 bytes (``H``, ``I`` times the element size); other sizes
+    take the dense static-shape path (every expert on every token, correct and traceable, ``E`` times the work).
 
     Example:
-        >>> x = torch.randn(3, 4)
-        >>> experts_forward(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 6, 4),
-        ...                 torch.randn(2, 4, 3), activation="silu").shape
-        torch.Size([3, 4])
+        >>> x = torch.randn(3, 8)
+        >>> experts_forward(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 8, 8),
+        ...                 torch.randn(2, 8, 4), activation="silu").shape
+        torch.Size([3, 8])
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"unknown experts activation {activation!r}; expected one of {list(_ACTIVATIONS)}")
     tokens, top_k = top_k_index.shape
     hidden = hidden_states.shape[-1]
     dtype = gate_up_proj.dtype
+    if (hidden * dtype.itemsize) % 16 or (down_proj.shape[-1] * dtype.itemsize) % 16:
+        from ._native import moe_experts_dense
+
+        return moe_experts_dense(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                 activation=activation)
     perm, rows, ends = routing(top_k_index, gate_up_proj.shape[0])
     x = _GatherRows.apply(hidden_states.to(dtype), rows, perm, top_k)
     gate, up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends).chunk(2, dim=-1)
@@ -176,10 +183,10 @@ def moe_experts_silu(
     """SwiGLU experts (the ``moe_experts`` calling convention, variant ``silu``).
 
     Example:
-        >>> x = torch.randn(3, 4)
-        >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 6, 4),
-        ...                  torch.randn(2, 4, 3)).shape
-        torch.Size([3, 4])
+        >>> x = torch.randn(3, 8)
+        >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 8, 8),
+        ...                  torch.randn(2, 8, 4)).shape
+        torch.Size([3, 8])
     """
     return experts_forward(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, activation="silu")
 
@@ -194,10 +201,10 @@ def moe_experts_gelu_tanh(
     """GeGLU (tanh-GELU) experts (the ``moe_experts`` calling convention, variant ``gelu_tanh``).
 
     Example:
-        >>> x = torch.randn(3, 4)
-        >>> moe_experts_gelu_tanh(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 6, 4),
-        ...                       torch.randn(2, 4, 3)).shape
-        torch.Size([3, 4])
+        >>> x = torch.randn(3, 8)
+        >>> moe_experts_gelu_tanh(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1), torch.randn(2, 8, 8),
+        ...                       torch.randn(2, 8, 4)).shape
+        torch.Size([3, 8])
     """
     return experts_forward(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
                            activation="gelu_tanh")

@@ -31,10 +31,10 @@ def moe_experts_silu(
 
     Example:
         >>> import torch
-        >>> x = torch.randn(3, 4)
+        >>> x = torch.randn(3, 8)
         >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
-        ...                  torch.randn(2, 6, 4), torch.randn(2, 4, 3)).shape   # CPU: grouped products
-        torch.Size([3, 4])
+        ...                  torch.randn(2, 8, 8), torch.randn(2, 8, 4)).shape   # CPU: grouped products
+        torch.Size([3, 8])
     """
     usable = (
         hidden_states.is_cuda
