@@ -101,7 +101,7 @@ def detect_devices(*, plugin_manager: KernelsPluginManager | None = None) -> lis
 
 
 def list_plugins(*, plugin_manager: KernelsPluginManager | None = None) -> list[PluginInfo]:
-    """Every plugin seen: loaded, blocked, failed or skipped, with the reason."""
+    """Every plugin seen: loaded, blocked, refused, failed or skipped, with the reason."""
     return (plugin_manager or get_plugin_manager()).plugins
 
 
