@@ -77,10 +77,15 @@ def _install_shared_torch(session: nox.Session) -> None:
     if chosen.lower() == "none":
         return
     specs = (chosen,) if chosen else TORCH_SPECS
-    info = session.run("python", "-c", "import sys, sysconfig; print(sysconfig.get_path('purelib'));"
-                       "print('py%d.%d' % sys.version_info[:2])", silent=True, log=False)
-    site_packages, python_tag = str(info).split()[-2:]
-    shared = Path(session.virtualenv.location).parent / "_shared-torch"
+    # Read off the venv's layout rather than asked of its python, which --install-only would skip.
+    venv = Path(session.virtualenv.location)
+    found = sorted(venv.glob("lib/python3.*/site-packages")) or sorted(venv.glob("Lib/site-packages"))
+    if not found:
+        session.error(f"shared torch: no site-packages folder in {venv}")
+    site_packages = found[0]
+    python_tag = "py" + (site_packages.parent.name.removeprefix("python") if site_packages.parent.name != "Lib"
+                         else "win")
+    shared = venv.parent / "_shared-torch"
     for spec in specs:
         target = shared / f"{python_tag}-{re.sub(r'[^A-Za-z0-9.]+', '-', spec)}"
         if not target.is_dir():
