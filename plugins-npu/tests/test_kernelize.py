@@ -218,5 +218,6 @@ def test_emulated_npu_kernelize_is_per_instance(npu_plugins, emulation):
 def test_emulated_npu_kernels_are_not_chosen_for_torch_compile(npu_plugins):
     model = _model("llama")
     kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="npu", plugin_manager=npu_plugins)
-    entries = [e for e in get_report(model).entries if e.kind in ("rms_norm", "attention", "silu_gated_mlp")]
+    entries = [e for e in get_report(model).entries
+               if e.kind in ("rms_norm", "attention", "silu_gated_mlp") and not e.covered]
     assert entries and all(e.kernel is None and "torch.compile" in e.reason for e in entries)

@@ -33,10 +33,12 @@ def pm():
 
 
 def _chosen(model):
-    """kind -> the set of kernels applied to its modules (None where a module got none)."""
+    """kind -> the set of kernels applied to its modules (None where a module got none; modules an enclosing
+    module's kernel covers are neither)."""
     chosen: dict[str, set[str | None]] = {}
     for entry in get_report(model).entries:
-        chosen.setdefault(entry.kind, set()).add(entry.kernel)
+        if not entry.covered:
+            chosen.setdefault(entry.kind, set()).add(entry.kernel)
     return chosen
 
 
