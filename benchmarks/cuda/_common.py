@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import os
 import pathlib
+import subprocess
 import time
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,17 @@ if TYPE_CHECKING:
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
 
+def _commit() -> str | None:
+    """The commit measured: KERNELS_BENCH_COMMIT where the tree travelled without .git, else git's HEAD."""
+    if os.environ.get("KERNELS_BENCH_COMMIT"):
+        return os.environ["KERNELS_BENCH_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=pathlib.Path(__file__).parent, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def environment() -> dict:
     def version(name):
         try:
@@ -29,6 +42,7 @@ def environment() -> dict:
 
     props = torch.cuda.get_device_properties(0)
     return {
+        "commit": _commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(0),
         "capability": list(torch.cuda.get_device_capability(0)),
@@ -117,9 +131,9 @@ def triton_norms(fn):
 def python_autograd_norms(fn):
     """``fn`` run with kernels-triton's C++ autograd extension switched off for the norms: their Python
     ``autograd.Function`` path, to time side by side with the C++ nodes in one run."""
-    from kernels_triton import _triton_kernels
+    from kernels_triton import _cpp_extension
 
-    return _patched(_triton_kernels, "cpp_path_usable", lambda: False, fn)
+    return _patched(_cpp_extension, "eager_norm", lambda *args, **kwargs: None, fn)
 
 
 def per_call_us(fn, *, calls: int = 2000, repeats: int = 5) -> float:
