@@ -18,8 +18,7 @@ from _common import environment
 from _common import write_json
 from kernels_triton import _gated
 from kernels_triton import _native
-from kernels_triton import _rope
-from kernels_triton import _triton
+from kernels_triton import _rotary
 
 
 def _fwd_bwd(fn, inputs):
@@ -38,8 +37,9 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     dtype = torch.bfloat16
-    rope = {"eager": _native.rotary_embedding, "liger": _rope.rotary_embedding, "triton": _triton.rotary_embedding}
-    gated = {"eager": _native.silu_mul, "liger": _gated.silu_mul, "triton": _triton.silu_mul}
+    rope = {"eager": _native.rotary_embedding, "liger": _rotary.liger_rotary_embedding,
+            "triton": _rotary.rotary_embedding}
+    gated = {"eager": _native.silu_mul, "liger": _gated.liger_silu_mul, "triton": _gated.silu_mul}
     rows = []
     for batch in (1, 4):
         seq = 2048

@@ -48,7 +48,6 @@ from _common import write_json
 from kernels_cuda import _ops
 from kernels_triton import _cpp_extension
 from kernels_triton import _rms_norm
-from kernels_triton import _triton
 
 
 SHAPES = [
@@ -89,7 +88,7 @@ def _chains(chain_module: torch.nn.Sequential) -> dict:
         "module": chain_module,
         "f_rms_norm": lambda t: _apply_all(t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
         "triton": lambda t: _apply_all(
-            t, weights, lambda t, weight: _triton.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
+            t, weights, lambda t, weight: _rms_norm.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
         # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
         "module_triton": triton_norms(chain_module),
         # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
@@ -167,9 +166,9 @@ def main() -> None:
     copy_bw = 2 * big.numel() / (bench(lambda: dst.copy_(big)) * 1e-6) / 1e9
     big = dst = None  # free before the sweep
     kernels = {
-        "liger": lambda x, w: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "liger": lambda x, w: _rms_norm.liger_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "f_rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
-        "triton": lambda x, w: _triton.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "triton": lambda x, w: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "tuned": lambda x, w: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
     }
     host = {}

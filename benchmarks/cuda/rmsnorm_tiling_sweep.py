@@ -25,7 +25,7 @@ import torch
 from _common import environment
 from _common import gpu_us
 from _common import write_json
-from kernels_triton import _triton_kernels as kernels
+from kernels_triton import _rms_norm as kernels
 
 
 SHAPES = [(8192, 1024), (16384, 1024), (131072, 128), (4096, 4096), (16384, 2048), (16384, 4096), (8192, 8192)]
@@ -64,11 +64,11 @@ def main() -> None:
                      "copy_gpu_us": gpu_us(lambda dst=dst, x=x: dst.copy_(x)),
                      "forward_gpu_us": gpu_us(lambda x=x, w=w: kernels.rms_norm_forward(x, w, 1e-6, 0.0, False,
                                                                                        store_rstd=True))}
-        default = kernels._norm_backward_tiling(n, h, x.element_size(), device)
+        default = kernels.norm_backward_tiling(n, h, x.element_size(), device)
         row["default_tiling"] = list(default)
         variants = []
         for per_sm, tile, stages in itertools.product(*grid):
-            tiling = kernels._norm_backward_tiling(n, h, x.element_size(), device, programs_per_sm=per_sm,
+            tiling = kernels.norm_backward_tiling(n, h, x.element_size(), device, programs_per_sm=per_sm,
                                                    tile_bytes=tile, stages=stages)
             variant = {"programs_per_sm": per_sm, "tile_bytes": tile, "stages": stages, "tiling": list(tiling)}
             try:

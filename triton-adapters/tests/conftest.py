@@ -15,18 +15,27 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="session")
 def triton_kernels():
-    """``kernels_triton._triton_kernels``, ready to run here: compiled for the GPU, or in Triton's interpreter."""
+    """The op modules' kernel-level entry points (Python autograd path), ready to run here: compiled for the GPU, or
+    in Triton's interpreter."""
     pytest.importorskip("triton", reason="this package's own kernels need Triton (installed with liger-kernel)")
-    import importlib
+    from types import SimpleNamespace
 
-    from kernels_triton import _triton_kernels
+    from kernels_triton import _gated
+    from kernels_triton import _launch
+    from kernels_triton import _residual_rms_norm
+    from kernels_triton import _rms_norm
+    from kernels_triton import _rotary
 
     if not torch.cuda.is_available():
-        if not _triton_kernels._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
-            # Imported before TRITON_INTERPRET was set (another test module got there first): decorate again.
-            importlib.reload(_triton_kernels)
-        _triton_kernels._sm_count = lambda index: 4  # no device to ask; any program count is correct
-    return _triton_kernels
+        if not _rms_norm._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
+            pytest.fail("kernels_triton's kernels were imported before TRITON_INTERPRET was set; run these tests in "
+                        "a process of their own")
+        _rms_norm.sm_count = lambda index: 4  # no device to ask; any program count is correct
+    return SimpleNamespace(
+        rms_norm=_rms_norm.apply_rms_norm, rms_norm_forward=_rms_norm.rms_norm_forward,
+        add_rms_norm_backward=_rms_norm.add_rms_norm_backward, norm_backward_tiling=_rms_norm.norm_backward_tiling,
+        residual_rms_norm=_residual_rms_norm.apply_residual_rms_norm, rotary=_rotary.rotary,
+        gated_activation=_gated.gated_activation, Compiled=_launch.Compiled)
 
 
 requires_cuda = pytest.mark.skipif(

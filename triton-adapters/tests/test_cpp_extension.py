@@ -145,21 +145,24 @@ def test_a_failing_call_falls_back_to_python_autograd_for_good(triton_kernels, f
     # An automatic choice: the call still returns the right result (the Python autograd path), says why once,
     # and the extension is not used again in this process. On CPU the kernels run in Triton's interpreter.
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    monkeypatch.setattr(fresh_state, "_module", _FailingExtension())
-    def failing_entry(residual, *args):
-        extension = fresh_state.extension()
-        if extension is None:
-            return None
-        return (extension.residual_rms_norm if residual else extension.rms_norm), None
+    from kernels_triton import _residual_rms_norm
+    from kernels_triton import _rms_norm
 
-    monkeypatch.setattr(triton_kernels, "_cpp_norm_call", failing_entry)
+    monkeypatch.setattr(fresh_state, "_module", _FailingExtension())
+    monkeypatch.setattr(fresh_state, "_ENTRIES", {})
+    monkeypatch.setattr(fresh_state, "_prepare", lambda extension, residual, *args: (
+        extension.residual_rms_norm if residual else extension.rms_norm, None))
+    # CPU tensors in the interpreter: let the adapters take the kernels there.
+    monkeypatch.setattr(_rms_norm, "rms_norm_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(_residual_rms_norm, "residual_rms_norm_supported", lambda *args, **kwargs: True)
     x = torch.randn(4, 64, device=device, requires_grad=True)
     w = torch.ones(64, device=device, requires_grad=True)
     with caplog.at_level("WARNING", logger=_cpp_extension.__name__):
         if residual:
-            y, _ = triton_kernels.residual_rms_norm(x, torch.zeros_like(x), w, eps=1e-6, offset=0.0, gemma=False)
+            y, _ = _residual_rms_norm.eager_residual_rms_norm(x, torch.zeros_like(x), w, eps=1e-6, offset=0.0,
+                                                              casting="llama")
         else:
-            y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+            y = _rms_norm.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
     expected = x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(y.detach(), expected, rtol=1e-5, atol=1e-5)
     assert "RMSNormBackward" in y.grad_fn.name() and not y.grad_fn.name().startswith(CPP_NODE)
@@ -176,13 +179,24 @@ def cpp_ready():
     extension = _cpp_extension.extension(wait=True)
     if extension is None:
         pytest.fail(f"the extension should build on a GPU machine: {_cpp_extension.failure()}")
-    from kernels_triton import _triton_kernels
+    from types import SimpleNamespace
 
-    return _triton_kernels
+    from kernels_triton import _residual_rms_norm
+    from kernels_triton import _rms_norm
+
+    def rms_norm(x, w, *, eps, offset, gemma):
+        return _rms_norm.eager_rms_norm(x, w, eps=eps, offset=offset, casting="gemma" if gemma else "llama")
+
+    def residual_rms_norm(x, r, w, *, eps, offset, gemma):
+        return _residual_rms_norm.eager_residual_rms_norm(x, r, w, eps=eps, offset=offset,
+                                                          casting="gemma" if gemma else "llama")
+
+    # The adapters' eager entries with autograd, which take the C++ nodes when they can.
+    return SimpleNamespace(rms_norm=rms_norm, residual_rms_norm=residual_rms_norm)
 
 
 def _python_path(monkeypatch, triton_kernels):
-    monkeypatch.setattr(triton_kernels, "cpp_path_usable", lambda: False)
+    monkeypatch.setattr(_cpp_extension, "eager_norm", lambda *args, **kwargs: None)
 
 
 def _run(fn, inputs, grads):
@@ -300,11 +314,11 @@ def test_extension_declines_inputs_its_kernels_do_not_take(cpp_ready):
     # Python looks a call's entry up by shape, dtypes and device; the extension checks the rest per call and returns
     # None (the caller then takes the Python path) instead of launching kernels compiled for dense, 16-byte
     # aligned tensors on memory they would misread.
-    triton_kernels = cpp_ready
     x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    norm, call = triton_kernels.cpp_norm_entry(False, x.shape, x.dtype, w.dtype, False, False, x.get_device())
-    residual_norm, residual_call = triton_kernels.cpp_norm_entry(True, x.shape, x.dtype, w.dtype, False, False,
+    extension = _cpp_extension.extension()
+    norm, call = _cpp_extension._prepare(extension, False, x.shape, x.dtype, w.dtype, False, False, x.get_device())
+    residual_norm, residual_call = _cpp_extension._prepare(extension, True, x.shape, x.dtype, w.dtype, False, False,
                                                                  x.get_device())
     assert norm(x, w, 1e-6, 0.0, call) is not None
     assert residual_norm(x, x, w, 1e-6, 0.0, residual_call) is not None
@@ -338,7 +352,7 @@ def test_cpp_path_steps_aside_for_launch_hooks_and_misaligned_inputs(cpp_ready, 
     misaligned = torch.randn(6 * 512 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(6, 512)
     y = triton_kernels.rms_norm(misaligned.requires_grad_(True), w, eps=1e-6, offset=0.0, gemma=False)
     assert not y.grad_fn.name().startswith(CPP_NODE), "a misaligned input must take the Python path"
-    monkeypatch.setattr(triton_kernels, "launch_hooks_registered", lambda: True)
+    monkeypatch.setattr(_cpp_extension, "launch_hooks_registered", lambda: True)
     x = torch.randn(6, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     y = triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
     assert not y.grad_fn.name().startswith(CPP_NODE), "a registered launch hook must see every launch"
@@ -388,61 +402,62 @@ def test_cpp_node_computes_only_the_gradients_asked_for(cpp_ready):
 
 @requires_cuda
 def test_kernelized_path_takes_the_cpp_node_and_keeps_the_current_device(cpp_ready):
-    # The adapters' eager fast path (kernels_triton._triton.eager_rms_norm) goes straight to the C++ node; the
+    # The adapters' eager fast path (kernels_triton._rms_norm.eager_rms_norm) goes straight to the C++ node; the
     # caller's current device is the same afterwards (the extension makes the input's device's context current
     # only for its launch).
-    from kernels_triton import _triton
+    from kernels_triton import _residual_rms_norm as _residual
+    from kernels_triton import _rms_norm
 
     x = torch.randn(4, 9, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     before = torch.cuda.current_device()
     for residual in (None, torch.randn_like(x)):
         if residual is None:
-            out = _triton.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
-            expected = cpp_ready.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+            out = _rms_norm.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+            expected = _rms_norm.apply_rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
         else:
-            out = _triton.eager_residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")[0]
-            expected = cpp_ready.residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, gemma=False)[0]
+            out = _residual.eager_residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")[0]
+            expected = _residual.apply_residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, gemma=False)[0]
         assert out.grad_fn.name().startswith(CPP_NODE), out.grad_fn.name()
         assert torch.equal(out, expected)
         assert torch.cuda.current_device() == before
     # Same signature, but an input the extension declines (misaligned): the Python node, the same values.
     misaligned = torch.randn(x.numel() + 1, device="cuda", dtype=x.dtype)[1:].view(x.shape).requires_grad_(True)
-    out = _triton.eager_rms_norm(misaligned, w, eps=1e-6, offset=0.0, casting="llama")
+    out = _rms_norm.eager_rms_norm(misaligned, w, eps=1e-6, offset=0.0, casting="llama")
     assert not out.grad_fn.name().startswith(CPP_NODE), out.grad_fn.name()
     aligned = misaligned.detach().clone().requires_grad_(True)
-    assert torch.equal(out, _triton.eager_rms_norm(aligned, w, eps=1e-6, offset=0.0, casting="llama"))
+    assert torch.equal(out, _rms_norm.eager_rms_norm(aligned, w, eps=1e-6, offset=0.0, casting="llama"))
 
 
 def test_eager_path_remembers_a_signature_the_ready_extension_cannot_take(fresh_state, monkeypatch):
     # With the extension loaded, a signature it cannot take (2**31 rows, a kernel it cannot launch) is looked up
     # once and remembered; only while the extension builds is the answer left open for the next call.
-    from kernels_triton import _triton
-    from kernels_triton import _triton_kernels
-
     monkeypatch.setattr(fresh_state, "_module", object())
-    monkeypatch.setattr(_triton, "_EAGER_NORMS", {})
-    monkeypatch.setattr(_triton, "rms_norm_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(fresh_state, "_ENTRIES", {})
     asked = []
-    monkeypatch.setattr(_triton_kernels, "cpp_norm_entry", lambda *args: asked.append(args))  # None: cannot take
+    monkeypatch.setattr(fresh_state, "_prepare", lambda *args: asked.append(args))  # None: cannot take
+
+    def supported(*args, **kwargs):
+        return True
+
     x, w = torch.randn(3, 64, requires_grad=True), torch.ones(64)
     for _ in range(3):
-        assert _triton._eager_autograd_norm(x, None, w, 1e-6, 0.0, "llama") is None
+        assert fresh_state.eager_norm(x, None, w, 1e-6, 0.0, "llama", supported=supported) is None
     assert len(asked) == 1
     monkeypatch.setattr(fresh_state, "_module", None)
     monkeypatch.setattr(fresh_state, "_thread", object())  # building
     y = torch.randn(5, 64, requires_grad=True)
     for _ in range(2):
-        assert _triton._eager_autograd_norm(y, None, w, 1e-6, 0.0, "llama") is None
-    assert len(asked) == 3
+        assert fresh_state.eager_norm(y, None, w, 1e-6, 0.0, "llama", supported=supported) is None
+    assert len(asked) == 1 and len(fresh_state._ENTRIES) == 1  # nothing prepared or remembered while it builds
 
 
 def test_cpu_calls_never_start_the_build(fresh_state):
     # Autograd on CPU tensors takes the native path and leaves the extension alone (no compiler run on a laptop).
-    from kernels_triton import _triton
+    from kernels_triton import _rms_norm
 
     x = torch.randn(3, 64, requires_grad=True)
-    y = _triton.eager_rms_norm(x, torch.ones(64), eps=1e-6, offset=0.0, casting="llama")
+    y = _rms_norm.eager_rms_norm(x, torch.ones(64), eps=1e-6, offset=0.0, casting="llama")
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(y, expected)
     assert fresh_state.status() == "not started"

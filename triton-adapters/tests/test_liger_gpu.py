@@ -23,7 +23,7 @@ from kernels_triton import _layer_norm
 from kernels_triton import _loss
 from kernels_triton import _moe
 from kernels_triton import _rms_norm
-from kernels_triton import _rope
+from kernels_triton import _rotary
 
 
 pytestmark = requires_cuda
@@ -52,7 +52,7 @@ def test_rms_norm(model, shape, dtype):
         return m(x)
 
     def ours(x, w):
-        return _rms_norm.rms_norm(x, w, eps=1e-6, offset=offset, casting=casting)
+        return _rms_norm.liger_rms_norm(x, w, eps=1e-6, offset=offset, casting=casting)
 
     x = torch.randn(shape, device=DEV)
     w = torch.randn(hidden, device=DEV) * 0.5 + (0.0 if offset else 1.0)
@@ -60,7 +60,7 @@ def test_rms_norm(model, shape, dtype):
 
 
 def test_rms_norm_does_not_touch_upstream_gradient():
-    assert_upstream_gradient_untouched(_rms_norm.rms_norm, DEV)
+    assert_upstream_gradient_untouched(_rms_norm.liger_rms_norm, DEV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -73,12 +73,12 @@ def test_gated_mlp(act, dtype):
 
     if act == "silu":
         mlp = LlamaMLP(LlamaConfig(hidden_size=200, intermediate_size=333, num_attention_heads=4)).to(DEV)
-        fn = _gated.silu_mul
+        fn = _gated.liger_silu_mul
     else:
         mlp = GemmaMLP(GemmaConfig(hidden_size=200, intermediate_size=333, num_attention_heads=4, head_dim=50,
                                    hidden_activation="gelu_pytorch_tanh"))
         mlp = mlp.to(DEV)
-        fn = _gated.gelu_tanh_mul
+        fn = _gated.liger_gelu_tanh_mul
     w = [mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach(), mlp.down_proj.weight.detach()]
 
     def eager(x, wg, wu, wd):
@@ -103,7 +103,7 @@ def test_rope(rotary, dtype):
         return eager_rotary(q, k, theta.cos().to(q.dtype), theta.sin().to(q.dtype))
 
     def ours(q, k):
-        return _rope.rotary_embedding(q, k, theta.cos().to(q.dtype), theta.sin().to(q.dtype))
+        return _rotary.liger_rotary_embedding(q, k, theta.cos().to(q.dtype), theta.sin().to(q.dtype))
 
     # the projection layout [B, S, H, D] viewed as [B, H, S, D], as attention modules pass it
     q = torch.randn(2, 33, 6, 64, device=DEV).transpose(1, 2)
@@ -184,9 +184,9 @@ def test_fused_linear_cross_entropy_compiles_fullgraph():
 
 
 @pytest.mark.parametrize("fn,args", [
-    (lambda x, w: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"), "norm"),
-    (lambda a, b: _gated.silu_mul(a, b), "pair"),
-    (lambda a, b: _gated.gelu_tanh_mul(a, b), "pair"),
+    (lambda x, w: _rms_norm.liger_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"), "norm"),
+    (lambda a, b: _gated.liger_silu_mul(a, b), "pair"),
+    (lambda a, b: _gated.liger_gelu_tanh_mul(a, b), "pair"),
 ], ids=["rms_norm", "silu", "gelu"])
 def test_adapters_trace_fullgraph(fn, args):
     torch._dynamo.reset()
@@ -232,11 +232,10 @@ def test_moe_experts(dtype):
 def test_launches_on_the_inputs_device_not_the_current_one(adapter):
     # device_map puts layers on cuda:1 while cuda:0 stays current; Triton launches on the current device unless the
     # adapter switches. Each kind is run on cuda:1 with cuda:0 current and compared with the same call on the CPU.
-    from kernels_triton import _triton
 
-    rms_norm = _rms_norm.rms_norm if adapter == "liger" else _triton.rms_norm
-    silu_mul = _gated.silu_mul if adapter == "liger" else _triton.silu_mul
-    rope = _rope.rotary_embedding if adapter == "liger" else _triton.rotary_embedding
+    rms_norm = _rms_norm.liger_rms_norm if adapter == "liger" else _rms_norm.rms_norm
+    silu_mul = _gated.liger_silu_mul if adapter == "liger" else _gated.silu_mul
+    rope = _rotary.liger_rotary_embedding if adapter == "liger" else _rotary.rotary_embedding
     x, w = torch.randn(4096, 1024), torch.randn(1024)
     gate, up = torch.randn(512, 768), torch.randn(512, 768)
     q, k = torch.randn(2, 33, 6, 64).transpose(1, 2), torch.randn(2, 33, 2, 64).transpose(1, 2)

@@ -35,7 +35,7 @@ def test_native_rms_norm_llama_and_gemma_match_eager(dtype):
 def test_liger_adapter_falls_back_on_cpu_and_for_promoting_dtypes():
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     w = torch.randn(32)  # float32 weight: eager promotes to float32
-    out = _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+    out = _rms_norm.liger_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
     assert out.dtype == torch.float32
     assert torch.equal(out, _native.rms_norm_reference(x, w, eps=1e-6, offset=0.0, casting="llama"))
 

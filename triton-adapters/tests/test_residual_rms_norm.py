@@ -1,13 +1,13 @@
 """kernels-triton's fused residual add + RMSNorm (the ``residual_rms_norm`` kind) against the eager layer ops.
 
 Eagerly a pre-norm decoder layer computes ``new = residual + x`` in the input dtype and then its
-``post_attention_layernorm(new)``; the new residual also feeds the layer's final add, so both outputs carry an
-upstream gradient here. On a GPU the kernels run through their adapter (``kernels_triton._triton``); without one the
+``post_attention_layernorm(new)``; the new residual also feeds the layer's final add, so both outputs carry an upstream
+gradient here. On a GPU the kernels run through their adapter (``kernels_triton._residual_rms_norm``); without one the
 same kernel code runs in Triton's interpreter on CPU tensors (ids say ``interpreter``), which checks arithmetic,
 masking and strides, not speed. Under the interpreter a float32 -> bfloat16 cast truncates instead of rounding to
-nearest even (the compiled kernel rounds like eager), so bfloat16 sums may differ from eager's by one unit in the
-last place there: every comparison uses ``conftest.assert_as_good_as_eager``'s bounds (at most twice eager's
-distance from a float64 truth, plus a per-dtype floor of a few units of roundoff), never bit equality.
+nearest even (the compiled kernel rounds like eager), so bfloat16 sums may differ from eager's by one unit in the last
+place there: every comparison uses ``conftest.assert_as_good_as_eager``'s bounds (at most twice eager's distance from a
+float64 truth, plus a per-dtype floor of a few units of roundoff), never bit equality.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def _eager(model: str):
 def fused(triton_kernels):
     """``fn(x, residual, w, *, eps, offset, casting)``: the adapter on a GPU, the raw kernel in the interpreter."""
     if ON_GPU:
-        from kernels_triton import _triton
+        from kernels_triton import _residual_rms_norm
 
-        return _triton.residual_rms_norm
+        return _residual_rms_norm.residual_rms_norm
 
     def raw(x, residual, w, *, eps, offset, casting):
         return triton_kernels.residual_rms_norm(x, residual, w, eps=eps, offset=offset, gemma=casting == "gemma")
@@ -173,9 +173,15 @@ def test_strided_inputs_are_read_correctly(fused):
 
 @pytest.fixture(scope="module")
 def ops(triton_kernels):
-    from kernels_triton import _triton_ops
+    from types import SimpleNamespace
 
-    return _triton_ops
+    from kernels_triton import _gated
+    from kernels_triton import _residual_rms_norm
+    from kernels_triton import _rms_norm
+    from kernels_triton import _rotary
+
+    return SimpleNamespace(rms_norm=_rms_norm.rms_norm_op, residual_rms_norm=_residual_rms_norm.residual_rms_norm_op,
+                           rotary=_rotary.rotary_op, gated_activation=_gated.gated_op)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -236,19 +242,19 @@ def test_native_matches_eager(model, dtype):
 
 
 def test_adapter_takes_the_native_path_on_cpu_and_for_promoting_dtypes():
-    from kernels_triton import _triton
+    from kernels_triton import _residual_rms_norm
 
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     w = torch.randn(32)  # float32 weight: the Llama module promotes its output to float32
-    normed, new_residual = _triton.residual_rms_norm(x, x, w, eps=1e-6, offset=0.0, casting="llama")
+    normed, new_residual = _residual_rms_norm.residual_rms_norm(x, x, w, eps=1e-6, offset=0.0, casting="llama")
     expected = _eager("llama")(x, x, w)
     assert normed.dtype == torch.float32 == expected[0].dtype
     assert torch.equal(normed, expected[0]) and torch.equal(new_residual, expected[1])
     # A float32 residual with a bfloat16 attention output promotes the sum in eager: native path, same result.
     residual = torch.randn(4, 32)
-    normed, new_residual = _triton.residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")
+    normed, new_residual = _residual_rms_norm.residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")
     assert new_residual.dtype == torch.float32 and torch.equal(new_residual, residual + x)
-    assert not _triton.residual_rms_norm_supported(x.cuda() if ON_GPU else x, residual, w, casting="llama")
+    assert not _residual_rms_norm.residual_rms_norm_supported(x.cuda() if ON_GPU else x, residual, w, casting="llama")
 
 
 @requires_cuda
@@ -256,7 +262,7 @@ def test_adapter_takes_the_native_path_on_cpu_and_for_promoting_dtypes():
 def test_adapter_records_the_custom_op_when_traced_for_training(training):
     # Traced for training the kernel is an opaque custom op (it saves less than Inductor's decomposition); traced
     # for inference (no input needs a gradient) Inductor gets the native math to fuse with its neighbours.
-    from kernels_triton import _triton
+    from kernels_triton import _residual_rms_norm
 
     graphs = []
 
@@ -265,7 +271,7 @@ def test_adapter_records_the_custom_op_when_traced_for_training(training):
         return gm.forward
 
     def block(x, r, w):
-        normed, new_residual = _triton.residual_rms_norm(x, r, w, eps=1e-6, offset=0.0, casting="llama")
+        normed, new_residual = _residual_rms_norm.residual_rms_norm(x, r, w, eps=1e-6, offset=0.0, casting="llama")
         return normed + new_residual
 
     torch._dynamo.reset()

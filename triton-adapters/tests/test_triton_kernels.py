@@ -1,12 +1,14 @@
 """kernels-triton's own Triton kernels against the eager transformers modules, forward and backward.
 
-On a GPU the kernels run through their adapters (``kernels_triton._triton``) on CUDA tensors. Without one, the
-same kernel code runs in Triton's interpreter on CPU tensors (test ids say ``interpreter``): that checks the
-kernels' arithmetic, masking and strides, not their speed or GPU-specific behaviour. Tolerances follow
+On a GPU the kernels run through their adapters (``kernels_triton._rms_norm``, ``_rotary``, ``_gated``) on CUDA
+tensors. Without one, the same kernel code runs in Triton's interpreter on CPU tensors (test ids say ``interpreter``):
+that checks the kernels' arithmetic, masking and strides, not their speed or GPU-specific behaviour. Tolerances follow
 ``conftest.assert_as_good_as_eager``: at most twice eager's distance from a float64 truth plus a per-dtype floor.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,9 +30,12 @@ def kernels(triton_kernels):
     """The kernel functions: adapters on a GPU, the raw kernels in the interpreter on CPU."""
     _triton_kernels = triton_kernels
     if ON_GPU:
-        from kernels_triton import _triton
+        from kernels_triton import _gated
+        from kernels_triton import _rms_norm
+        from kernels_triton import _rotary
 
-        return _triton
+        return SimpleNamespace(rms_norm=_rms_norm.rms_norm, rotary_embedding=_rotary.rotary_embedding,
+                               silu_mul=_gated.silu_mul, gelu_tanh_mul=_gated.gelu_tanh_mul)
 
     class Raw:
         @staticmethod
@@ -167,16 +172,16 @@ def test_direct_launch_reuses_compiled_kernels_across_row_counts():
     # After the first launch compiles, calls with other row counts (unspecialised) launch the cached kernel
     # directly; each must still compute its own rows, including 1 row (which Triton would otherwise specialise).
     import torch.nn.functional as F
-    from kernels_triton import _triton_kernels
+    from kernels_triton import _rms_norm
 
     w = torch.randn(1024, device=DEV, dtype=torch.bfloat16)
     for rows in (1000, 1024, 1, 4097, 1000):
         x = torch.randn(rows, 1024, device=DEV, dtype=torch.bfloat16)
         with torch.no_grad():
-            ours = _triton_kernels.rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
+            ours = _rms_norm.apply_rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
             expected = F.rms_norm(x.float(), (1024,), eps=1e-6).to(x.dtype) * w
         torch.testing.assert_close(ours, expected, rtol=1.6e-2, atol=1.6e-2)
-    launcher = _triton_kernels._launch_rms_norm_fwd
+    launcher = _rms_norm._launch_rms_norm_fwd
     assert launcher.direct, "the direct launch failed and fell back"
     assert len(launcher.compiled) >= 1
 
@@ -213,7 +218,7 @@ def test_rms_norm_backward_launch_shapes_agree_with_float64(triton_kernels, prog
     y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w64
     dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
     _, rstd = triton_kernels.rms_norm_forward(x, w, eps, 0.0, False, store_rstd=True)
-    tiling = triton_kernels._norm_backward_tiling(rows, cols, x.element_size(), x.get_device(),
+    tiling = triton_kernels.norm_backward_tiling(rows, cols, x.element_size(), x.get_device(),
                                                   programs_per_sm=programs_per_sm, tile_bytes=tile_bytes,
                                                   stages=stages)
     if rstd_source == "recomputed":
@@ -256,7 +261,7 @@ class _FakeCompiled:
 def test_direct_launch_steps_aside_for_launch_hooks(triton_kernels, monkeypatch, hooks):
     # With no launch hook registered the cached kernel goes straight to its launcher on the current stream;
     # a registered hook (a profiler) must still see every launch, so then Triton's own path is taken.
-    from types import SimpleNamespace
+    from kernels_triton import _launch
 
     enter, leave = SimpleNamespace(calls=[]), SimpleNamespace(calls=[])
     if hooks == "enter":
@@ -264,10 +269,10 @@ def test_direct_launch_steps_aside_for_launch_hooks(triton_kernels, monkeypatch,
     elif hooks == "exit":
         leave.calls.append(print)
     runtime = None if hooks == "no_knobs" else SimpleNamespace(launch_enter_hook=enter, launch_exit_hook=leave)
-    monkeypatch.setattr(triton_kernels, "_RUNTIME", runtime)
+    monkeypatch.setattr(_launch, "_RUNTIME", runtime)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
     fake = _FakeCompiled()
-    triton_kernels._Compiled(fake).launch(7, 3, ("a", 1, 2.0))
+    triton_kernels.Compiled(fake).launch(7, 3, ("a", 1, 2.0))
     if hooks == "none":
         assert fake.calls == [("direct", (7, 1, 1, 1003, "function-handle", "packed-metadata", None, None, None,
                                           "a", 1, 2.0))]

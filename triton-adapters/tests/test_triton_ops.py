@@ -1,12 +1,12 @@
-"""kernels-triton's Triton kernels as ``torch.library`` custom ops (``kernels_triton._triton_ops``), the path taken
-under ``torch.compile``.
+"""kernels-triton's Triton kernels as ``torch.library`` custom ops (``rms_norm_op``, ``rotary_op``, ``gated_op``), the
+path taken under ``torch.compile``.
 
-``torch.library.opcheck`` checks each op's schema, fake implementation (against the real outputs' shapes, dtypes
-and strides), autograd registration and tracing with dynamic shapes. Then each op runs inside a
+``torch.library.opcheck`` checks each op's schema, fake implementation (against the real outputs' shapes, dtypes and
+strides), autograd registration and tracing with dynamic shapes. Then each op runs inside a
 ``torch.compile(fullgraph=True)`` function, forward and backward, against the eager transformers math with the
 tolerances of ``conftest.assert_as_good_as_eager``. On a GPU the compiled functions use Inductor; without one the
-kernels run in Triton's interpreter on CPU tensors (ids say ``interpreter``) and the graphs are compiled with
-the ``aot_eager`` backend (Dynamo and AOTAutograd as under Inductor, without generating C++ for the CPU).
+kernels run in Triton's interpreter on CPU tensors (ids say ``interpreter``) and the graphs are compiled with the
+``aot_eager`` backend (Dynamo and AOTAutograd as under Inductor, without generating C++ for the CPU).
 """
 
 from __future__ import annotations
@@ -27,9 +27,15 @@ BACKEND = "inductor" if ON_GPU else "aot_eager"
 
 @pytest.fixture(scope="module")
 def ops(triton_kernels):
-    from kernels_triton import _triton_ops
+    from types import SimpleNamespace
 
-    return _triton_ops
+    from kernels_triton import _gated
+    from kernels_triton import _residual_rms_norm
+    from kernels_triton import _rms_norm
+    from kernels_triton import _rotary
+
+    return SimpleNamespace(rms_norm=_rms_norm.rms_norm_op, residual_rms_norm=_residual_rms_norm.residual_rms_norm_op,
+                           rotary=_rotary.rotary_op, gated_activation=_gated.gated_op)
 
 
 def _compiled(fn):
@@ -122,7 +128,9 @@ def test_adapters_record_the_custom_ops_when_traced(training):
     # Through the adapters (which take the native path on CPU), a training trace must record one opaque node per
     # kernel, not the native math and not a graph break; an inference trace (nothing needs a gradient) records
     # the native math instead, for Inductor to fuse.
-    from kernels_triton import _triton
+    from kernels_triton import _gated
+    from kernels_triton import _rms_norm
+    from kernels_triton import _rotary
 
     graphs = []
 
@@ -131,9 +139,9 @@ def test_adapters_record_the_custom_ops_when_traced(training):
         return gm.forward
 
     def block(x, w, gate, up, q, k, cos, sin):
-        q, k = _triton.rotary_embedding(q, k, cos, sin)
-        hidden = _triton.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
-        return hidden, _triton.silu_mul(gate, up), q, k
+        q, k = _rotary.rotary_embedding(q, k, cos, sin)
+        hidden = _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+        return hidden, _gated.silu_mul(gate, up), q, k
 
     torch._dynamo.reset()
     args = (torch.randn(8, 64, device="cuda"), torch.ones(64, device="cuda"), torch.randn(8, 32, device="cuda"),

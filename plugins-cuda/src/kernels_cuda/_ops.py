@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 from kernels_triton import _native
-from kernels_triton import _triton
+from kernels_triton import _residual_rms_norm
+from kernels_triton import _rms_norm
 from torch.compiler import is_compiling
 
 
@@ -30,11 +31,12 @@ __all__ = [
 # From 2**22 elements the Triton kernel's GPU time saving outweighs its extra host time.
 # With autograd: H200, Qwen3-0.6B-shape training step (4 x 2048 tokens, norms of 8.4M elements, q/k norms of 8.4M
 # and 16.8M), two paired runs of kernelize with these thresholds against Triton for every norm
-# (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json at commit 63b2cd1): 74.1k vs 76.3k and 70.8k vs 78.3k tokens/s, so from 2**23
-# elements with autograd as well. In an isolated chain of 8 RMSNorms, where no other work hides the host, the
-# Triton path took ~130 us of host time per layer while its backward was a Python autograd node
-# (cuda-rmsnorm-h200-session16.json at commit 63b2cd1); with kernels-triton's C++ autograd nodes it takes 42-52 us per added layer
-# at 8.4M-16.8M elements against F.rms_norm's 60-124 (benchmarks/results/rmsnorm-h200.json).
+# (benchmarks/results/cuda-qwen3-h200-norm-ab-*.json at commit 63b2cd1): 74.1k vs 76.3k and 70.8k vs 78.3k
+# tokens/s, so from 2**23 elements with autograd as well. In an isolated chain of 8 RMSNorms, where no other
+# work hides the host, the Triton path took ~130 us of host time per layer while its backward was a Python
+# autograd node
+# (cuda-rmsnorm-h200-session16.json at commit 63b2cd1); with kernels-triton's C++ autograd nodes it takes 42-52 us
+# per added layer at 8.4M-16.8M elements against F.rms_norm's 60-124 (benchmarks/results/rmsnorm-h200.json).
 # In a model the matmuls keep the GPU busy while the host catches up.
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
 TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD = 1 << 23
@@ -65,7 +67,7 @@ def rms_norm(
     """
     # is_compiling itself, not kernels_triton's tracing() wrapper: one Python frame less, once per layer and step.
     if not is_compiling() and _triton_wins(hidden_states, weight):
-        return _triton.eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+        return _rms_norm.eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
     return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
 
 
@@ -88,8 +90,9 @@ def residual_rms_norm(
         True
     """
     if is_compiling():
-        return _triton.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+        return _residual_rms_norm.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                                    casting=casting)
     if _triton_wins(hidden_states, weight, residual):
-        return _triton.eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
-                                               casting=casting)
+        return _residual_rms_norm.eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                                          casting=casting)
     return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)

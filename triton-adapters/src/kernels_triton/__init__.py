@@ -2,8 +2,9 @@
 
 A library, not a plugin: it registers no entry point. The adapter functions live in private modules and are
 referenced lazily from kernel declarations (``"kernels_triton._rms_norm:rms_norm"``); importing this package
-imports neither torch, Triton nor Liger. Besides the Liger adapters it holds this package's own Triton kernels
-(``_triton_kernels``: RMSNorm, RoPE, gated activations) and PyTorch-native alternatives.
+imports neither torch, Triton nor Liger. One module per op (``_rms_norm``, ``_residual_rms_norm``, ``_rotary``,
+``_gated``, ``_loss``, ``_layer_norm``, ``_experts``/``_moe``) holds its own Triton kernels where it has them, their
+autograd and custom ops, and its adapters over them and over Liger; ``_native`` the PyTorch-native alternatives.
 
 Example:
     >>> from kernels_triton import liger_kernel_specs

@@ -1,15 +1,23 @@
-"""The C++ autograd extension (``_autograd_ext.cpp``): built once per machine and torch version, in the background.
+"""The norms' C++ autograd nodes (``_autograd_ext.cpp``): built once per machine and torch version in the
+background, and the eager path that calls them.
 
-The RMSNorm kernels' Python ``autograd.Function`` costs 50-70 us of host time per backward in the autograd
-engine's device thread (H200 host, ``benchmarks/results/cuda-rmsnorm-h200-pinning.txt`` at commit d5757ef): below ~33M elements
-more than the GPU time of the whole layer. The extension moves those autograd nodes to C++; the kernels, their
-compiled binaries and the launch shapes stay exactly the Python path's, so results are bit-identical.
+With autograd, kernels-triton's RMSNorm and residual add + RMSNorm run as hand-written ``torch::autograd::Node``
+subclasses that launch the same compiled Triton kernels with the same launch shapes as the Python
+``autograd.Function`` path (outputs and gradients bit-identical), through ``cuLaunchKernel`` with the launcher ABI
+of Triton 3.3-3.9. Why: the Python node costs tens of microseconds of host time per backward in the autograd
+engine's device thread, more than a mid-size norm's GPU time. Kept because it pays at model level: kernelized
+training step, H100, bf16, batch 4 x 2048, AdamW, C++ nodes against ``KERNELS_TRITON_CPP_AUTOGRAD=0``,
+alternating processes (``benchmarks/results/cpp-autograd-ab-h100.json``): Qwen3-0.6B (28 layers) 65.4k against
+59.2k tokens/s (+10%, each of 3 rounds +9% or more); Qwen3-30B-A3B shape (4 layers) +3.9%, Gemma-3-4B (6 layers)
++1.4%, Llama-3.1-8B (4 layers) 0.0%: it pays where many narrow norms leave the host setting the pace.
 
 The build needs a C++ compiler and ``ninja`` (a dependency of kernels-cuda) and takes about a minute the first
 time; torch caches it under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), so later processes
 only load it. It runs in a background thread started by the first call that could use it: until it is ready, or
-if it cannot be built (the warning says why), the Python autograd path runs. ``KERNELS_TRITON_CPP_AUTOGRAD=0``
-turns it off; ROCm builds of torch never use it (the launch goes through the CUDA driver).
+if it cannot be built (the warning says why), the Python autograd path runs, and a call that fails through the
+extension falls back to it for that call and the rest of the process. ``KERNELS_TRITON_CPP_AUTOGRAD=0`` turns it
+off; ROCm builds of torch never use it (the launch goes through the CUDA driver); a registered Triton launch hook
+takes the Python path for that call.
 
 Example:
     >>> from kernels_triton import _cpp_extension
@@ -24,10 +32,16 @@ import logging
 import os
 import pathlib
 import threading
+from collections.abc import Callable
 from types import ModuleType
 
+import torch
 
-__all__ = ["ENV_SWITCH", "arg_types", "extension", "failure", "give_up", "load_extension", "status"]
+from ._launch import launch_hooks_registered
+
+
+__all__ = ["ENV_SWITCH", "arg_types", "eager_norm", "extension", "failure", "give_up", "load_extension",
+           "status"]
 
 ENV_SWITCH = "KERNELS_TRITON_CPP_AUTOGRAD"
 
@@ -177,3 +191,152 @@ def arg_types(compiled: object) -> str | None:
             return None
         letters.append(letter)
     return "".join(letters)
+
+
+# ------------------------------------------------------------------------------------------------ the eager path
+
+# Per input signature of an eager norm call with autograd: (extension function, NormCall), or False where the
+# Triton kernel does not reproduce the module or the extension cannot take the call. Bounded: row counts vary with
+# batch and sequence length.
+_ENTRIES: dict[tuple, tuple | bool] = {}
+_ENTRIES_MAX = 4096
+_NORM_PLANS: dict[tuple, object | None] = {}
+
+
+def eager_norm(hidden_states: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+               offset: float, casting: str, *,
+               supported: Callable[..., bool]) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """The RMSNorm (with ``residual``: the residual add and norm, and the sum) through the C++ nodes, or None: the
+    caller then takes the Python autograd path.
+
+    This runs once per norm layer per training step, and a mid-size layer's GPU time is shorter than the host time
+    of the general path's checks: everything that depends only on the input signature (``supported``, the
+    compiled kernels, the launch shapes) is looked up in one dictionary; the extension checks the tensors
+    themselves (contiguity, 16-byte alignment, the weight's width and device) and declines what its kernels do
+    not take. CPU tensors never start the build.
+    """
+    key = (hidden_states.shape, hidden_states.dtype, weight.dtype, hidden_states.get_device(), casting, offset != 0.0)
+    if residual is not None:
+        key += (residual.shape, residual.dtype, residual.get_device())
+    entry = _ENTRIES.get(key)
+    if entry is None:
+        if residual is None:
+            ok = supported(hidden_states, weight, casting=casting)
+        else:
+            ok = supported(hidden_states, residual, weight, casting=casting)
+        loaded = extension() if ok else None
+        if ok and loaded is None and status() == "building":
+            return None  # ask again next call
+        entry = loaded is not None and _prepare(loaded, residual is not None, hidden_states.shape,
+                                                hidden_states.dtype, weight.dtype, casting == "gemma",
+                                                offset != 0.0, hidden_states.get_device())
+        if len(_ENTRIES) >= _ENTRIES_MAX:
+            _ENTRIES.clear()
+        _ENTRIES[key] = entry = entry or False
+    if entry is False or _module is None or launch_hooks_registered():
+        return None
+    function, call = entry
+    try:
+        if residual is None:
+            return function(hidden_states, weight, eps, offset, call)
+        outputs = function(hidden_states, residual, weight, eps, offset, call)
+        return None if outputs is None else (outputs[0], outputs[1])
+    except RuntimeError as error:
+        give_up(error)
+        _ENTRIES.clear()
+        return None
+
+
+def _prepare(extension: ModuleType, residual: bool, shape: torch.Size, dtype: torch.dtype,
+             weight_dtype: torch.dtype, gemma: bool, has_offset: bool, device: int) -> tuple | bool:
+    """(extension function, ``NormCall``) for inputs of this signature, or False (not a GPU tensor, 2**31 rows or
+    more, kernels whose launch the extension does not reproduce)."""
+    from ._launch import cdiv
+    from ._rms_norm import norm_backward_tiling
+    from ._rms_norm import norm_tiling
+
+    n_cols = shape[-1]
+    n_rows = shape.numel() // n_cols
+    if n_rows >= 2**31 or n_rows == 0 or device < 0:
+        return False
+    plan_key = (residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
+    try:
+        plan = _NORM_PLANS[plan_key]
+    except KeyError:
+        try:
+            with torch.cuda.device(device):
+                plan = _build_norm_plan(extension, residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
+        except Exception:  # noqa: BLE001 - an unexpected Triton API: the Python path always works
+            logger.warning("kernels-triton: cannot prepare the C++ autograd path for %s; Python autograd instead",
+                           plan_key, exc_info=True)
+            plan = None
+        _NORM_PLANS[plan_key] = plan
+    if plan is None:
+        return False
+    element_size = dtype.itemsize
+    forward_rows = norm_tiling(n_cols, element_size)[0]
+    _, _, _, programs, rows_per_program, _ = norm_backward_tiling(n_rows, n_cols, element_size, device)
+    call = extension.NormCall(plan, forward_grid=cdiv(n_rows, forward_rows), programs=programs,
+                              rows_per_program=rows_per_program)
+    return (extension.residual_rms_norm if residual else extension.rms_norm), call
+
+
+def _kernel(extension: ModuleType, kernel: object, args: tuple, num_warps: int) -> object | None:
+    """``kernel`` compiled for ``args`` (dtypes stand for 16-byte aligned tensors) and loaded on the current
+    device, as the extension's ``Kernel``; None if its launch is not one the extension reproduces."""
+    compiled = kernel.warmup(*args, grid=(1,), num_warps=num_warps)  # type: ignore[attr-defined]
+    letters = arg_types(compiled)
+    if letters is None:
+        return None
+    compiled.run  # noqa: B018 - loads the binary on the current device and sets compiled.function
+    metadata = compiled.metadata
+    return extension.Kernel(function=compiled.function, threads=metadata.num_warps * metadata.target.warp_size,
+                            shared_bytes=metadata.shared, arg_types=letters)
+
+
+def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, weight_dtype: torch.dtype,
+                     n_cols: int, gemma: bool, has_offset: bool, device: int) -> object | None:
+    """The compiled kernels of one norm variant as the extension's ``NormPlan``; None if one cannot be used.
+
+    The arguments mirror the Python path's launches (``_rms_norm``, ``_residual_rms_norm``), with row counts below
+    2**31 (32-bit integers).
+    """
+    from ._residual_rms_norm import _add_rms_norm_fwd_kernel
+    from ._rms_norm import SUM_TILING
+    from ._rms_norm import _rms_norm_bwd_kernel
+    from ._rms_norm import _rms_norm_fwd_kernel
+    from ._rms_norm import _sum_partials_kernel
+    from ._rms_norm import norm_backward_tiling
+    from ._rms_norm import norm_tiling
+
+    f32 = torch.float32
+    element_size = dtype.itemsize
+    block_m, block_n, num_warps = norm_tiling(n_cols, element_size)
+    if residual:
+        forward = (_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, dtype))
+    else:
+        forward = (_rms_norm_fwd_kernel, (dtype, weight_dtype, dtype, dtype))
+    # As the eager autograd path launches them: the forward stores no rstd (its RSTD slot gets the output), the
+    # backward recomputes it (its RSTD slot gets dy).
+    scalars = (2, 1e-6, 0.5, n_cols, gemma, has_offset, False, block_m, block_n)
+    kernels = {"forward": _kernel(extension, forward[0], forward[1] + scalars, num_warps)}
+    bwd_m, bwd_n, bwd_warps, _, _, stages = norm_backward_tiling(1, n_cols, element_size, device)
+    for name, has_ds in (("backward", False), ("backward_with_sum", True)):
+        if has_ds and not residual:
+            continue
+        args = (dtype, dtype, dtype, weight_dtype, dtype, dtype, f32, 2, 1e-6, 0.5, 2, n_cols, gemma, has_offset,
+                has_ds, True, bwd_m, bwd_n, stages)
+        kernels[name] = _kernel(extension, _rms_norm_bwd_kernel, args, bwd_warps)
+    sum_p, sum_c, sum_stages, sum_warps = SUM_TILING
+    kernels["sum_partials"] = _kernel(extension, _sum_partials_kernel,
+                                          (f32, weight_dtype, 2, n_cols, sum_p, sum_c, sum_stages), sum_warps)
+    if any(kernel is None for kernel in kernels.values()):
+        logger.info("kernels-triton: a norm kernel's launch is not one the C++ autograd extension reproduces; "
+                    "Python autograd for %s", kernels)
+        return None
+    plan = extension.NormPlan()
+    for name, kernel in kernels.items():
+        setattr(plan, name, kernel)
+    plan.sum_block_columns = sum_c
+    return plan
+

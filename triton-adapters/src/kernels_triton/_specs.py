@@ -46,19 +46,19 @@ _PKG = "kernels_triton"
 # graph breaks if a model kernelized for eager is compiled afterwards: they defer to the native math then.
 LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rms_norm": AdapterEntry(
-        "rms_norm", ("standard", "offset"), f"{_PKG}._rms_norm:rms_norm", Supports.BACKWARD,
+        "rms_norm", ("standard", "offset"), f"{_PKG}._rms_norm:liger_rms_norm", Supports.BACKWARD,
         "Liger Triton RMSNorm (llama/gemma casting, in_place=False)",
     ),
     "silu_gated_mlp": AdapterEntry(
-        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:silu_mul", Supports.BACKWARD,
+        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:liger_silu_mul", Supports.BACKWARD,
         "Liger fused SiLU(gate) * up",
     ),
     "gelu_gated_mlp": AdapterEntry(
-        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:gelu_tanh_mul", Supports.BACKWARD,
+        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:liger_gelu_tanh_mul", Supports.BACKWARD,
         "Liger fused GELU-tanh(gate) * up",
     ),
     "rotary_embedding": AdapterEntry(
-        "rotary_embedding", ("full", "partial"), f"{_PKG}._rope:rotary_embedding", Supports.BACKWARD,
+        "rotary_embedding", ("full", "partial"), f"{_PKG}._rotary:liger_rotary_embedding", Supports.BACKWARD,
         "Liger Triton RoPE (inputs never modified)",
     ),
     "causal_lm_loss": AdapterEntry(
@@ -75,31 +75,31 @@ LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
     ),
 }
 
-# This package's own Triton kernels (``_triton_kernels``): one launch per direction and a thin Python side, for
+# This package's own Triton kernels (one module per op): one launch per direction and a thin Python side, for
 # the memory-bound kinds where Liger's host-side costs dominate at transformer sizes (the residual add + RMSNorm
 # kernel, a decoder layer's add and post-attention norm in one pass, has no Liger adapter here). Under
-# torch.compile they are traced as torch.library custom ops (``_triton_ops``): opaque to Inductor, saving what
-# they save eagerly plus one float32 rstd per row.
+# torch.compile they are traced as torch.library custom ops: opaque to Inductor, saving what they save eagerly
+# plus one float32 rstd per row.
 _TRITON = Supports.BACKWARD | Supports.TORCH_COMPILE
 TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
     "rms_norm": AdapterEntry(
-        "rms_norm", ("standard", "offset"), f"{_PKG}._triton:rms_norm", _TRITON,
+        "rms_norm", ("standard", "offset"), f"{_PKG}._rms_norm:rms_norm", _TRITON,
         "Triton RMSNorm, one launch per direction (llama/gemma casting; saves only x: the backward recomputes rstd)",
     ),
     "silu_gated_mlp": AdapterEntry(
-        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:silu_mul", _TRITON,
+        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:silu_mul", _TRITON,
         "Triton SiLU(gate) * up, one launch (saves only gate and up)",
     ),
     "gelu_gated_mlp": AdapterEntry(
-        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._triton:gelu_tanh_mul", _TRITON,
+        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:gelu_tanh_mul", _TRITON,
         "Triton GELU-tanh(gate) * up, one launch (saves only gate and up)",
     ),
     "rotary_embedding": AdapterEntry(
-        "rotary_embedding", ("full", "partial"), f"{_PKG}._triton:rotary_embedding", _TRITON,
+        "rotary_embedding", ("full", "partial"), f"{_PKG}._rotary:rotary_embedding", _TRITON,
         "Triton RoPE, q and k in one launch (inputs never modified)",
     ),
     "residual_rms_norm": AdapterEntry(
-        "residual_rms_norm", ("standard", "offset"), f"{_PKG}._triton:residual_rms_norm", _TRITON,
+        "residual_rms_norm", ("standard", "offset"), f"{_PKG}._residual_rms_norm:residual_rms_norm", _TRITON,
         "Triton residual add + RMSNorm, one launch per direction (saves the sum only, the next residual)",
     ),
 }

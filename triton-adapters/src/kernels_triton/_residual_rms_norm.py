@@ -1,0 +1,253 @@
+"""The residual add and the RMSNorm after it (a decoder layer's ``residual + attn_out`` and post-attention norm):
+this package's Triton kernel, one launch per direction, its autograd (a Python ``autograd.Function``, or the C++
+node of :mod:`kernels_triton._cpp_extension` once built), its ``torch.library`` custom ops and the adapter.
+
+The forward writes the normalised sum and the sum (the next residual, which the layer keeps anyway); the backward
+is :func:`kernels_triton._rms_norm.add_rms_norm_backward` over the saved sum, adding the gradient that reaches the
+sum directly, so the attention output and the residual get their gradient from one kernel. Liger has no such kernel.
+"""
+
+# Triton kernel parameters are pointers and scalars whose types the JIT specialises at launch; they take no hints.
+# ruff: noqa: ANN001
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _cpp_extension
+from . import _native
+from ._compile import inference_trace
+from ._compile import tracing
+from ._device import eager_device_context
+from ._device import on_device_of
+from ._launch import Launcher
+from ._launch import cdiv
+from ._rms_norm import _normalize_rows
+from ._rms_norm import add_rms_norm_backward
+from ._rms_norm import norm_tiling
+from ._rms_norm import rms_norm_supported
+
+
+__all__ = ["add_rms_norm_forward", "apply_residual_rms_norm", "eager_residual_rms_norm", "residual_rms_norm",
+           "residual_rms_norm_op", "residual_rms_norm_supported"]
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _add_rms_norm_fwd_kernel(
+    X, R, W, Y, S, RSTD, n_rows, eps, offset, N_COLS: tl.constexpr,
+    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # The RMSNorm forward above, reading the attention output and the residual instead of one input and writing
+    # their sum (the next residual) beside the normalised rows.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < N_COLS
+    mask = row_mask[:, None] & col_mask[None, :]
+    offs = rows.to(tl.int64)[:, None] * N_COLS + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+    # Eager adds in the input dtype and normalises that rounded sum: round here at the same point.
+    s = (x + r).to(S.dtype.element_ty)
+    tl.store(S + offs, s, mask=mask)
+    _normalize_rows(s.to(tl.float32), S, W, Y, RSTD, offs, rows, row_mask, cols, col_mask, mask, eps, offset, N_COLS,
+                    GEMMA, HAS_OFFSET, STORE_RSTD)
+
+
+_launch_add_rms_norm_fwd = Launcher(_add_rms_norm_fwd_kernel)
+
+
+def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                         gemma: bool, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Over contiguous same-shape ``x`` and ``r`` of any rank: the normalised sum, the sum, and (if asked) the rstd."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols
+    y = torch.empty_like(x)
+    s = torch.empty_like(x)
+    rstd = x.new_empty((n_rows,), dtype=torch.float32) if store_rstd else None
+    block_m, block_n, num_warps = norm_tiling(n_cols, x.element_size())
+    _launch_add_rms_norm_fwd(
+        cdiv(n_rows, block_m), x, r, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
+        n_cols, gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
+    )
+    return y, s, rstd
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, r, weight, eps, offset, gemma):
+        y, s, _ = add_rms_norm_forward(x, r, weight, eps, offset, gemma, store_rstd=False)
+        # The sum is an output the caller keeps anyway (it is the next residual): saving it costs no memory. The
+        # backward recomputes the rows' rstd from it.
+        ctx.save_for_backward(s, weight)
+        ctx.eps, ctx.offset, ctx.gemma = eps, offset, gemma
+        ctx.set_materialize_grads(False)
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        s, weight = ctx.saved_tensors
+        need_x, need_r, need_w = ctx.needs_input_grad[:3]
+        if dy is None:  # the normalised output was not used: only the sum's gradient flows, unchanged
+            return ds if need_x else None, ds if need_r else None, None, None, None, None
+        dx, dw = add_rms_norm_backward(dy, ds, s, weight, None, ctx.offset, ctx.gemma, want_dw=need_w, eps=ctx.eps)
+        return dx if need_x else None, dx if need_r else None, dw, None, None, None
+
+
+def apply_residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *,
+                            eps: float, offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(residual + hidden_states), residual + hidden_states)`` in one launch per direction, through the
+    Python autograd path.
+
+    Same-shape, same-dtype inputs; outputs in that dtype. Callers check the supported cases. Saves the sum (which
+    the caller keeps as the next residual anyway); under ``no_grad`` nothing.
+    """
+    x, r = hidden_states.contiguous(), residual.contiguous()
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
+        return _AddRMSNorm.apply(x, r, weight, float(eps), float(offset), gemma)
+    y, s, _ = add_rms_norm_forward(x, r, weight, float(eps), float(offset), gemma, store_rstd=False)
+    return y, s
+
+
+# --------------------------------------------------------------------------------------------------- custom ops
+
+
+# Like the RMSNorm op, the forward always writes rstd; the sum is an output the caller keeps as the next residual.
+@torch.library.custom_op("kernels_triton::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(
+    x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with on_device_of(x2):
+        y, s, rstd = add_rms_norm_forward(x2.contiguous(), r2.contiguous(), weight, eps, offset,
+                                                          gemma, store_rstd=True)
+    return y, s, rstd
+
+
+@_add_rms_norm_op.register_fake
+def _(x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+      gemma: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(x2, memory_format=torch.contiguous_format),
+            torch.empty_like(x2, memory_format=torch.contiguous_format),
+            x2.new_empty((x2.shape[0],), dtype=torch.float32))
+
+
+@torch.library.custom_op("kernels_triton::add_rms_norm_backward", mutates_args=())
+def _add_rms_norm_backward_op(
+    dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+    offset: float, gemma: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with on_device_of(s2):
+        dx, dw = add_rms_norm_backward(dy, ds, s2.contiguous(), weight, rstd, offset, gemma,
+                                                       want_dw=True)
+    return dx, dw
+
+
+@_add_rms_norm_backward_op.register_fake
+def _(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+      offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(s2, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+def _add_rms_norm_setup(ctx: object, inputs: tuple, output: tuple) -> None:
+    _, _, weight, _, offset, gemma = inputs
+    _, s, rstd = output
+    ctx.save_for_backward(s, weight, rstd)  # type: ignore[attr-defined]
+    ctx.offset, ctx.gemma = offset, gemma  # type: ignore[attr-defined]
+    ctx.mark_non_differentiable(rstd)  # type: ignore[attr-defined]
+
+
+def _add_rms_norm_grad(ctx: object, dy: torch.Tensor | None, ds: torch.Tensor | None, _: torch.Tensor) -> tuple:
+    s, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
+    if dy is None:  # the normalised output was not used (autograd may pass None for it)
+        dy = torch.zeros_like(s)
+    dx, dw = _add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)  # type: ignore[attr-defined]
+    # The sum's gradient is that of both of its inputs.
+    return dx, dx, dw, None, None, None
+
+
+_add_rms_norm_op.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+
+
+def residual_rms_norm_op(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
+                         offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_residual_rms_norm` through the custom op (same arguments, same result), for traced graphs."""
+    n_cols = hidden_states.shape[-1]
+    y, s, _ = _add_rms_norm_op(hidden_states.reshape(-1, n_cols), residual.reshape(-1, n_cols), weight, float(eps),
+                               float(offset), gemma)
+    return y.view(hidden_states.shape), s.view(hidden_states.shape)
+
+
+# ----------------------------------------------------------------------------------------------------- adapters
+
+
+def residual_rms_norm_supported(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *,
+                                casting: str) -> bool:
+    """Whether the fused Triton kernel reproduces the eager residual add and norm for these inputs.
+
+    As :func:`rms_norm_supported`, and the residual has the attention output's shape, dtype and device (another
+    dtype would promote the sum in eager).
+
+    Example:
+        >>> x = torch.zeros(2, 8)
+        >>> residual_rms_norm_supported(x, x, torch.zeros(8), casting="llama")   # CPU tensors: native path
+        False
+    """
+    return (
+        residual.dtype == hidden_states.dtype
+        and residual.shape == hidden_states.shape
+        and residual.device == hidden_states.device
+        and rms_norm_supported(hidden_states, weight, casting=casting)
+    )
+
+
+def residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's residual add and the RMSNorm after it, one Triton launch per direction.
+
+    Returns ``(rms_norm(residual + hidden_states), residual + hidden_states)``. Saves the sum (the next residual,
+    kept by the layer anyway) and nothing else; the backward adds the gradient reaching the sum
+    directly, so the attention output and the residual get their gradient from one kernel.
+
+    Example:
+        >>> x, residual, w = torch.randn(4, 64), torch.randn(4, 64), torch.ones(64)   # CPU: native path
+        >>> normed, new_residual = residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")
+        >>> torch.equal(new_residual, residual + x)
+        True
+    """
+    if tracing():
+        if (not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting)
+                or inference_trace(hidden_states, residual, weight)):
+            return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                             casting=casting)
+        return residual_rms_norm_op(hidden_states, residual, weight, eps=eps, offset=offset,
+                                    gemma=casting == "gemma")
+    return eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+
+
+def eager_residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
+    casting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`residual_rms_norm` for callers that already know they run eagerly (not under Dynamo).
+
+    Example:
+        >>> x, residual, w = torch.randn(4, 64), torch.randn(4, 64), torch.ones(64)   # CPU: native path
+        >>> normed, new_residual = eager_residual_rms_norm(x, residual, w, eps=1e-6, offset=0.0, casting="llama")
+        >>> torch.equal(new_residual, residual + x)
+        True
+    """
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or residual.requires_grad or weight.requires_grad):
+        outputs = _cpp_extension.eager_norm(hidden_states, residual, weight, eps, offset, casting,
+                                            supported=residual_rms_norm_supported)
+        if outputs is not None:
+            return outputs
+    if not residual_rms_norm_supported(hidden_states, residual, weight, casting=casting):
+        return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+    with eager_device_context(hidden_states):
+        return apply_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
+                                       gemma=casting == "gemma")
