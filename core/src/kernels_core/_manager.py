@@ -389,6 +389,8 @@ class KernelsPluginManager:
             return self._collected
 
     def _collect(self) -> dict[str, _Contribution]:
+        # Recomputed on every collection (a strict failure may have left a partial one behind).
+        self._collect_conflicts, self._soft_problems, self._rejected = [], {}, []
         contributions: dict[str, _Contribution] = {}
         hooks = (
             ("kernels_core_detect_devices", BackendInfo, "backends"),
