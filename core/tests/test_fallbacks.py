@@ -17,7 +17,7 @@ from kernels_core import Match
 from kernels_core import Mode
 from kernels_core import Supports
 from kernels_core import hookimpl
-from kernels_core._manager import reset_fallbacks
+from kernels_core._plugin_info import reset_fallbacks
 from kernels_core.testing import fresh_plugin_manager
 
 

@@ -11,15 +11,10 @@ them is refused before its module is imported, so it can neither replace the cor
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-import re
 import threading
-import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
-from dataclasses import field
 from importlib import metadata as importlib_metadata
 from types import ModuleType
 
@@ -28,6 +23,18 @@ import pluggy
 from . import _hookspecs
 from ._config import env_flag
 from ._forward import ref_problem
+from ._plugin_checks import CrossPluginChecks
+from ._plugin_info import ENV_STRICT
+from ._plugin_info import Contribution
+from ._plugin_info import KernelFallbackWarning
+from ._plugin_info import PluginError
+from ._plugin_info import PluginInfo
+from ._plugin_info import ProvidedKernel
+from ._plugin_info import ProvidedKind
+from ._plugin_info import canonical_distribution
+from ._plugin_info import recorded_fallbacks
+from ._plugin_info import replace_info
+from ._plugin_info import warn_fallback
 from ._types import ANY_BACKEND
 from ._types import BackendInfo
 from ._types import KernelSpec
@@ -49,7 +56,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "kernels_core.plugins"
-ENV_STRICT = "KERNELS_CORE_STRICT_PLUGINS"
 ENV_ALLOW = "KERNELS_CORE_PLUGINS"
 ENV_BLOCK = "KERNELS_CORE_DISABLE_PLUGINS"
 ENV_TRACE = "KERNELS_CORE_TRACE_PLUGINS"
@@ -58,99 +64,6 @@ UNBLOCKABLE = frozenset({"builtin"})
 # Entry names only the kernels-core distribution may advertise, with the module each one must be.
 CORE_DISTRIBUTION = "kernels-core"
 RESERVED = {"builtin": "kernels_core._builtin", "portable": "kernels_core._builtin.portable"}
-
-
-class KernelFallbackWarning(UserWarning):
-    """An automatic choice fell back: a kernel or a layer kind could not be used, so something else runs.
-
-    Issued once per kernel (or kind) and cause in a process; the message names the plugin, its distribution,
-    the kernel id and the cause. Turn it into an error with ``-W error::kernels_core.KernelFallbackWarning``.
-    """
-
-
-# Process-wide: what fell back and why, for listings; which (plugin, subject, cause) were already warned about.
-_FALLBACKS: dict[tuple[str, str], str] = {}
-_WARNED: set[tuple[str, str, str]] = set()
-_FALLBACK_LOCK = threading.Lock()
-
-
-def warn_fallback(plugin: PluginInfo, subject: str, cause: str, message: str) -> None:
-    """Record that ``subject`` (a kernel id, or ``kind:<name>``) of ``plugin`` fell back; warn once per cause."""
-    key = (plugin.name, subject, cause)
-    with _FALLBACK_LOCK:
-        _FALLBACKS[(plugin.name, subject)] = cause
-        if key in _WARNED:
-            return
-        _WARNED.add(key)
-    warnings.warn(message, KernelFallbackWarning, stacklevel=3)
-
-
-def recorded_fallbacks() -> dict[tuple[str, str], str]:
-    """``(plugin, kernel id or kind:<name>) -> cause`` for every fallback seen in this process."""
-    with _FALLBACK_LOCK:
-        return dict(_FALLBACKS)
-
-
-def reset_fallbacks() -> None:
-    """Forget recorded fallbacks and warnings (tests: each test starts as a fresh process would)."""
-    with _FALLBACK_LOCK:
-        _FALLBACKS.clear()
-        _WARNED.clear()
-
-
-def _canonical(distribution: str | None) -> str | None:
-    return re.sub(r"[-_.]+", "-", distribution).lower() if distribution else None
-
-
-class PluginError(RuntimeError):
-    """A plugin could not be loaded or used. Raised only in strict mode; otherwise logged once."""
-
-    def __init__(self, plugin: str, message: str) -> None:
-        super().__init__(message)
-        self.plugin = plugin
-
-
-@dataclass(frozen=True)
-class PluginInfo:
-    """What the core knows about one plugin, for listings, reports and error messages.
-
-    ``status`` is ``loaded``, ``blocked`` (allow or block list: never imported), ``refused`` (a reserved or
-    already taken name: never imported), ``failed`` (import or hook validation failed) or ``skipped`` (its
-    declarations were malformed or clash with another plugin's). ``reason`` says why; a ``loaded`` plugin with a
-    reason has a problem that did not stop it (a hook returned ``None``, a kernel was rejected).
-    """
-
-    name: str
-    module: str
-    distribution: str | None = None
-    version: str | None = None
-    status: str = "loaded"
-    reason: str | None = None
-
-    @property
-    def origin(self) -> str:
-        if self.distribution:
-            return f"{self.distribution} {self.version or '?'}"
-        return "registered in-process"
-
-
-@dataclass(frozen=True)
-class ProvidedKernel:
-    spec: KernelSpec
-    plugin: PluginInfo
-
-
-@dataclass(frozen=True)
-class ProvidedKind:
-    kind: LayerKind
-    plugin: PluginInfo
-
-
-@dataclass
-class _Contribution:
-    backends: list[BackendInfo] = field(default_factory=list)
-    kinds: list[LayerKind] = field(default_factory=list)
-    kernels: list[KernelSpec] = field(default_factory=list)
 
 
 def _env_list(name: str) -> frozenset[str] | None:
@@ -167,7 +80,7 @@ def _env_flag(name: str) -> bool:
     return bool(env_flag(name))
 
 
-class KernelsPluginManager:
+class KernelsPluginManager(CrossPluginChecks):
     """The plugins of one process (or one test), their declarations, and who declared what.
 
     Example:
@@ -201,7 +114,7 @@ class KernelsPluginManager:
             self._pm.enable_tracing()
         self._infos: dict[str, PluginInfo] = {}
         self._lock = threading.RLock()
-        self._collected: dict[str, _Contribution] | None = None
+        self._collected: dict[str, Contribution] | None = None
         # Refused entry points (reserved or duplicate names): listed, never imported, never registered.
         self._refused: list[PluginInfo] = []
         # Name clashes found while loading survive invalidate(); those found while collecting are recomputed.
@@ -243,7 +156,7 @@ class KernelsPluginManager:
                 distribution=dist.metadata["Name"] if dist is not None else None,
                 version=dist.version if dist is not None else None,
             )
-            if ep.name in RESERVED and _canonical(info.distribution) != CORE_DISTRIBUTION:
+            if ep.name in RESERVED and canonical_distribution(info.distribution) != CORE_DISTRIBUTION:
                 self._refuse(info, f"the plugin name {ep.name!r} is reserved for kernels-core's own plugin; "
                                    f"{info.origin} advertises it for {ep.value!r}, which was not imported. Rename "
                                    f"the entry point in that distribution's [project.entry-points."
@@ -256,7 +169,7 @@ class KernelsPluginManager:
                 continue
             skip_reason = self._blocked_reason(ep.name)
             if skip_reason:
-                self._infos[ep.name] = _replace(info, status="blocked", reason=skip_reason)
+                self._infos[ep.name] = replace_info(info, status="blocked", reason=skip_reason)
                 logger.debug("plugin %r not loaded: %s", ep.name, skip_reason)
                 continue
             try:
@@ -274,7 +187,7 @@ class KernelsPluginManager:
             self._register(_builtin, PluginInfo(name="builtin", module=RESERVED["builtin"]))
 
     def _refuse(self, info: PluginInfo, reason: str) -> None:
-        refused = _replace(info, status="refused", reason=reason)
+        refused = replace_info(info, status="refused", reason=reason)
         self._refused.append(refused)
         message = f"kernels-core plugin {info.name!r} ({info.origin}) refused: {reason}"
         self._load_conflicts.append(message)
@@ -300,7 +213,7 @@ class KernelsPluginManager:
             raise ValueError(f"a plugin named {name!r} is already registered ({self._infos[name].origin})")
         skip_reason = self._blocked_reason(name)
         if skip_reason:
-            info = _replace(info, status="blocked", reason=skip_reason)
+            info = replace_info(info, status="blocked", reason=skip_reason)
             self._infos[name] = info
             return info
         self._register(plugin, info)
@@ -322,7 +235,7 @@ class KernelsPluginManager:
             self._rejected = []
             for name, info in list(self._infos.items()):
                 if info.status == "skipped" or (info.status == "loaded" and info.reason):
-                    self._infos[name] = _replace(info, status="loaded", reason=None)
+                    self._infos[name] = replace_info(info, status="loaded", reason=None)
 
     def _blocked_reason(self, name: str) -> str | None:
         if name in UNBLOCKABLE:
@@ -360,7 +273,7 @@ class KernelsPluginManager:
         self._pm.check_pending()
 
     def _fail(self, info: PluginInfo, reason: str, exc: BaseException | None = None) -> None:
-        self._infos[info.name] = _replace(info, status="failed", reason=reason)
+        self._infos[info.name] = replace_info(info, status="failed", reason=reason)
         message = f"kernels-core plugin {info.name!r} ({info.origin}) skipped: {reason}"
         if self.strict:
             raise PluginError(info.name, message) from exc
@@ -382,16 +295,16 @@ class KernelsPluginManager:
 
     # -- collecting --------------------------------------------------------------------------------------
 
-    def _ensure_collected(self) -> dict[str, _Contribution]:
+    def _ensure_collected(self) -> dict[str, Contribution]:
         with self._lock:
             if self._collected is None:
                 self._collected = self._collect()
             return self._collected
 
-    def _collect(self) -> dict[str, _Contribution]:
+    def _collect(self) -> dict[str, Contribution]:
         # Recomputed on every collection (a strict failure may have left a partial one behind).
         self._collect_conflicts, self._soft_problems, self._rejected = [], {}, []
-        contributions: dict[str, _Contribution] = {}
+        contributions: dict[str, Contribution] = {}
         hooks = (
             ("kernels_core_detect_devices", BackendInfo, "backends"),
             ("kernels_core_layer_kinds", LayerKind, "kinds"),
@@ -399,7 +312,7 @@ class KernelsPluginManager:
         )
         for name in sorted(n for n, i in self._infos.items() if i.status == "loaded"):
             plugin = self._pm.get_plugin(name)
-            contribution = _Contribution()
+            contribution = Contribution()
             try:
                 for hook_name, expected, slot in hooks:
                     function = getattr(plugin, hook_name, None)
@@ -430,7 +343,7 @@ class KernelsPluginManager:
                             )
                     getattr(contribution, slot).extend(values)
             except _SkipPlugin as skip:
-                self._infos[name] = _replace(self._infos[name], status="skipped", reason=str(skip))
+                self._infos[name] = replace_info(self._infos[name], status="skipped", reason=str(skip))
                 info = self._infos[name]
                 message = f"kernels-core plugin {name!r} ({info.origin}) skipped: {skip}"
                 if self.strict:
@@ -441,87 +354,8 @@ class KernelsPluginManager:
         self._validate_cross_plugin(contributions)
         for name, problems in self._soft_problems.items():
             if self._infos[name].status == "loaded":
-                self._infos[name] = _replace(self._infos[name], reason="; ".join(problems))
+                self._infos[name] = replace_info(self._infos[name], reason="; ".join(problems))
         return contributions
-
-    def _validate_cross_plugin(self, contributions: dict[str, _Contribution]) -> None:
-        kind_names = {k.name for c in contributions.values() for k in c.kinds}
-        for name in sorted(contributions):
-            bad = [s.id for s in contributions[name].kernels if s.kind not in kind_names]
-            if bad:
-                reason = f"kernels {bad} name unknown layer kinds; known kinds: {sorted(kind_names)}"
-                self._infos[name] = _replace(self._infos[name], status="skipped", reason=reason)
-                message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
-                if self.strict:
-                    raise PluginError(name, message)
-                logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
-                del contributions[name]
-        # A layer kind has one owner: the core's own kinds always win; between two plugins the one sorting
-        # first keeps it and the other plugin is skipped whole, since its kernels follow another calling
-        # convention than the kept kind's adapter would use.
-        owners: dict[str, str] = {}
-        for name in sorted(contributions, key=lambda n: (n != "builtin", n)):
-            for kind in contributions[name].kinds:
-                owner = owners.setdefault(kind.name, name)
-                if owner != name:
-                    reason = (f"declares layer kind {kind.name!r}, already declared by plugin {owner!r}; "
-                              "rename the kind")
-                    self._infos[name] = _replace(self._infos[name], status="skipped", reason=reason)
-                    message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
-                    self._note_conflict(message)
-                    if self.strict:
-                        raise PluginError(name, message)
-                    del contributions[name]
-                    break
-        seen_ids: dict[str, str] = {}
-        seen_kinds: dict[str, str] = {}
-        seen_priority: dict[tuple[str, str, int], str] = {}
-        kinds: dict[str, tuple[LayerKind, str]] = {}
-        for name in sorted(contributions, key=lambda n: (n != "builtin", n)):
-            for k in contributions[name].kinds:
-                kinds.setdefault(k.name, (k, name))
-        for name in sorted(contributions):
-            for kind in contributions[name].kinds:
-                if kind.name in seen_kinds:
-                    self._note_conflict(
-                        f"layer kind {kind.name!r} declared by {seen_kinds[kind.name]!r} and {name!r}; "
-                        f"using {seen_kinds[kind.name]!r}'s"
-                    )
-                else:
-                    seen_kinds[kind.name] = name
-            kept = []
-            for spec in contributions[name].kernels:
-                if spec.kind not in kinds:  # its kind's plugin was skipped above
-                    self._reject(name, spec, f"layer kind {spec.kind!r} is declared by no loaded plugin; "
-                                             f"known kinds: {sorted(kinds)}")
-                    continue
-                kind, kind_owner = kinds[spec.kind]
-                unknown = [v for v in spec.variants if v not in kind.variants]
-                if unknown:
-                    self._reject(name, spec, _variant_problem(spec, unknown, kind, kind_owner))
-                    continue
-                if spec.id in seen_ids:
-                    self._note_conflict(
-                        f"kernel id {spec.id!r} declared by {seen_ids[spec.id]!r} and {name!r}; "
-                        f"using {seen_ids[spec.id]!r}'s"
-                    )
-                    continue
-                seen_ids[spec.id] = name
-                key = (spec.kind, spec.backend, spec.priority)
-                if key in seen_priority and seen_priority[key] != name:
-                    self._note_conflict(
-                        f"plugins {seen_priority[key]!r} and {name!r} both declare priority {spec.priority} for "
-                        f"kind {spec.kind!r} on backend {spec.backend!r}; ties break by plugin name, then kernel id"
-                    )
-                seen_priority.setdefault(key, name)
-                kept.append(spec)
-            contributions[name].kernels = kept
-            contributions[name].kinds = [k for k in contributions[name].kinds if seen_kinds[k.name] == name]
-
-    def _reject(self, name: str, spec: KernelSpec, reason: str) -> None:
-        """Drop one kernel of a loaded plugin (its other kernels stay): listed, warned once, raised if strict."""
-        self._rejected.append((spec, self._infos[name], reason))
-        self._soft_problem(name, f"kernel {spec.id!r} ignored: {reason}")
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -632,19 +466,6 @@ class KernelsPluginManager:
 
 class _SkipPlugin(Exception):
     pass
-
-
-def _variant_problem(spec: KernelSpec, unknown: list[str], kind: LayerKind, owner: str) -> str:
-    hints = [f"{v!r} -> {close[0]!r}?" for v in unknown if (close := difflib.get_close_matches(v, kind.variants, 1))]
-    hint = f" (did you mean {', '.join(hints)})" if hints else ""
-    return (f"declares variant(s) {unknown} that layer kind {spec.kind!r} (plugin {owner!r}) does not have{hint}; "
-            f"allowed variants: {sorted(kind.variants)}. Fix the kernel's variants in kernels_core_kernels()")
-
-
-def _replace(info: PluginInfo, **changes: object) -> PluginInfo:
-    from dataclasses import replace
-
-    return replace(info, **changes)
 
 
 _GLOBAL: KernelsPluginManager | None = None

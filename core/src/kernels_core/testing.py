@@ -27,7 +27,7 @@ from ._manager import ENV_BLOCK
 from ._manager import ENV_STRICT
 from ._manager import ENV_TRACE
 from ._manager import KernelsPluginManager
-from ._manager import reset_fallbacks
+from ._plugin_info import reset_fallbacks
 
 
 __all__ = [
