@@ -22,7 +22,7 @@ MODULES = sorted(
 @pytest.mark.parametrize("name", ["kernels_core", *MODULES])
 def test_examples_run(name):
     pytest.importorskip("transformers")
-    if name == "kernels_core.integrations.llamafactory":
+    if name in ("kernels_core.integrations.llamafactory", "kernels_core.integrations._llamafactory"):
         pytest.importorskip("llamafactory", reason="LLaMA-Factory is not installed (its own nox session runs these)")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
