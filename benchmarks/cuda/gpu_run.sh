@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
-# Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_session.sh "<stages>" where stages is a
+# On a GPU machine: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
+# Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_run.sh "<stages>" where stages is a
 # space-separated subset of: probe report memory tests nox host rmsnorm sweep elementwise attention qwen3 portable
 # distributed (sweep: the RMSNorm backward's launch shapes, benchmarks/cuda/rmsnorm_tiling_sweep.py)
 # Knobs: HOST_ARGS (e.g. --profile), RMSNORM_ARGS (e.g. --shapes 8192x1024 --chain-only --rounds 3), RMSNORM_TIMEOUT (default 540 s; the full sweep times 5 rounds of chains), SWEEP_TIMEOUT, ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
