@@ -24,8 +24,8 @@ import torch
 
 
 WORKERS = Path(__file__).parent / "distributed_workers"
-# Per worker. On two H200s a worker takes well under a minute (Triton compiles included); the GPU session's stage
-# timeout must leave room for all four.
+# Per worker. On two H200s a worker takes well under a minute (Triton compiles included); the distributed stage of
+# benchmarks/cuda/gpu_run.sh (DIST_TEST_TIMEOUT) must leave room for all four.
 TIMEOUT_S = int(os.environ.get("KERNELS_DIST_WORKER_TIMEOUT", "180"))
 
 

@@ -35,7 +35,7 @@ __all__ = [
 # tokens/s, so from 2**23 elements with autograd as well. In an isolated chain of 8 RMSNorms, where no other
 # work hides the host, the Triton path took ~130 us of host time per layer while its backward was a Python
 # autograd node
-# (cuda-rmsnorm-h200-session16.json at commit 63b2cd1); with kernels-triton's C++ autograd nodes it takes 42-52 us
+# (RMSNorm benchmark at commit 63b2cd1); with kernels-triton's C++ autograd nodes it takes 42-52 us
 # per added layer at 8.4M-16.8M elements against F.rms_norm's 60-124 (benchmarks/results/rmsnorm-h200.json).
 # In a model the matmuls keep the GPU busy while the host catches up.
 TRITON_RMS_NORM_MIN_ELEMENTS = 1 << 22
