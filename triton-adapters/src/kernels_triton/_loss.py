@@ -23,7 +23,7 @@ _EMPTY = (0,)
 # Its default (1) gives 64-row chunks for Qwen3-0.6B's 151,936-token vocabulary and 8192-token batches, and every
 # chunk re-reads the whole [V, H] head weight three times (logits, input gradient, weight gradient) and reads and
 # writes the [V, H] weight gradient once more: matmuls too thin to be compute-bound. Measured on the H200, same
-# run (benchmarks/results/cuda-qwen3-h200.json at commit 06036a8 and its notes), Qwen3-0.6B training step:
+# run (the Qwen3-0.6B benchmark at commit 06036a8), Qwen3-0.6B training step:
 #   - eagerly, chunk_mem_const=2 (128 rows) keeps the step's peak equal to Liger's own patching to the byte
 #     (13.43 GiB); 1024-row chunks were 9% faster (81.1k vs 74.4k tokens/s) but peaked 0.25 GiB higher, and the
 #     eager target is Liger's memory, so eagerly the budget stays at 2;

@@ -2,7 +2,7 @@
 ``autograd.Function``, or the C++ nodes of :mod:`kernels_triton._cpp_extension` once built), their
 ``torch.library`` custom ops for ``torch.compile``, the adapter over them and the adapter over Liger's kernel.
 
-Why own kernels beside Liger's: measured on an H200 (``benchmarks/results/cuda-rmsnorm-h200.json`` at commit
+Why own kernels beside Liger's: measured on an H200 (the RMSNorm benchmark at commit
 082ada2), Liger's RMSNorm spends 60-120 us per forward and ~600 us per backward on the host whatever the size, and
 neither it nor ``F.rms_norm`` reaches 85% of copy bandwidth between 16M and 67M elements. These kernels make one
 launch per direction (the backward adds a small one summing the weight gradient's per-program rows), compute in
@@ -166,7 +166,7 @@ def _sum_partials_kernel(PARTIAL, OUT, n_partials, N_COLS: tl.constexpr, BLOCK_P
 
 # The backward's launch shape, from the H200 sweeps (GPU time with the weight-gradient sum, us): 2 programs per
 # SM, 8 KiB tiles, 3 pipeline stages is within 4% of each shape's best from 8M to 67M elements
-# (benchmarks/results/cuda-rmsnorm-tiling-h200.json at commit eb4812f: 16384x1024 34.4 vs 43.6 without
+# (the tiling sweep at commit eb4812f: 16384x1024 34.4 vs 43.6 without
 # pipelining, 8192x8192 111 vs 145). Since the weight gradient accumulates per row (rmsnorm-tiling-h200.json) that
 # holds for rows of 128 too (131072x128: 34.7, best 33.7; 4 programs per SM, the earlier choice there: 39.4).
 BACKWARD_PROGRAMS_PER_SM = 2
