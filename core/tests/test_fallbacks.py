@@ -156,3 +156,39 @@ def test_a_kernel_raising_at_run_time_keeps_its_type_and_names_kernel_plugin_mod
     for part in ("'demo.scaled_linear.broken'", "plugin 'demo' (demo-plugin 1.0)", "module '0.0' (Linear)",
                  'kernels.disable = ["demo.scaled_linear.broken"]', "unkernelize"):
         assert part in notes[0], part
+
+
+def adapt_raising(module, match, impl, options):
+    raise RuntimeError("adapter cannot build")
+
+
+def match_raising(module, name, ctx):
+    if isinstance(module, torch.nn.Linear):
+        raise RuntimeError("matcher confused")
+    return None
+
+
+def test_an_adapter_raising_at_bind_time_is_a_kernelize_error_naming_everything_and_changes_nothing():
+    pm = _manager_with(LINEAR, kinds=[_kind(adapter=f"{__name__}:adapt_raising")])
+    model = _mixed_model()
+    before = {name: dict(m.__dict__) for name, m in model.named_modules()}
+    with pytest.raises(KernelizeError) as info:
+        kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=pm)
+    message = str(info.value)
+    for part in ("module '0' (Linear)", "kernel 'demo.scaled_linear.k'", "plugin 'demo'",
+                 "distribution demo-plugin", "kind 'scaled_linear'", f"{__name__}:adapt_raising",
+                 "RuntimeError: adapter cannot build", 'kernels.disable = ["demo.scaled_linear.k"]'):
+        assert part in message, part
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert {name: dict(m.__dict__) for name, m in model.named_modules()} == before
+    assert kernels_core.get_report(model) is None
+
+
+def test_a_matcher_raising_declines_naming_its_plugin():
+    pm = _manager_with(LINEAR, kinds=[_kind(matcher=f"{__name__}:match_raising")])
+    model = kernels_core.kernelize(_mixed_model(), mode=Mode.INFERENCE, plugin_manager=pm)
+    entry = next(e for e in kernels_core.get_report(model).entries if e.kind == "scaled_linear")
+    assert not entry.applied
+    for part in (f"matcher {__name__}:match_raising", "plugin 'demo'", "distribution demo-plugin",
+                 "RuntimeError: matcher confused"):
+        assert part in entry.reason, part

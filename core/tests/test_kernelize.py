@@ -119,7 +119,7 @@ def test_config_errors_name_key_and_allowed_values(two_pm):
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['prefered'\].*allowed"):
         kernels_core.kernelize(tiny_causal_lm("llama"), config={"kinds": {"rms_norm": {"prefered": {}}}},
                                plugin_manager=two_pm)
-    with pytest.raises(ConfigError, match=r"unknown layer kind\(s\) \['rmsnorm'\].*rms_norm"):
+    with pytest.warns(kernels_core.ConfigWarning, match=r"unknown layer kind 'rmsnorm'.*'rms_norm'"):
         kernels_core.kernelize(tiny_causal_lm("llama"), config={"kinds": {"rmsnorm": {}}}, plugin_manager=two_pm)
 
 
@@ -254,6 +254,42 @@ def test_unkernelize_restores_every_module_exactly(ref_pm):
     assert kernels_core.get_report(model) is None
 
 
+@pytest.mark.parametrize("action", ["unkernelize", "kernelize"])
+def test_a_wrapper_added_after_kernelize_is_never_dropped(ref_pm, action):
+    # accelerate's mixed precision wraps the instance forward it finds, here the one kernelize bound; restoring
+    # the forward kernelize saw would silently drop that wrapper.
+    convert_outputs_to_fp32 = pytest.importorskip("accelerate.utils.operations").convert_outputs_to_fp32
+    model = tiny_causal_lm("llama")
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    bound = model.forward
+    model.forward = convert_outputs_to_fp32(bound)
+    wrapped = model.forward
+    before = _snapshot(model)
+    with pytest.raises(KernelizeError) as raised:
+        if action == "kernelize":
+            kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+        else:
+            kernels_core.unkernelize(model)
+    message = str(raised.value)
+    assert f"{action} would drop code that wrapped the model" in message
+    assert "'(model)' (LlamaForCausalLM).forward" in message and "convert_outputs_to_fp32" in message
+    assert "Nothing was changed" in message
+    assert _snapshot(model) == before and model.forward is wrapped
+    # An accelerate hook added after kernelize moves the bound forward to _old_forward: refused the same way.
+    model.forward = bound
+    from accelerate.hooks import ModelHook
+    from accelerate.hooks import add_hook_to_module
+
+    add_hook_to_module(model.model.norm, ModelHook())
+    with pytest.raises(KernelizeError, match=r"'model.norm' \(LlamaRMSNorm\).forward"):
+        kernels_core.unkernelize(model)
+    from accelerate.hooks import remove_hook_from_module
+
+    remove_hook_from_module(model.model.norm)
+    kernels_core.unkernelize(model)
+    assert kernels_core.get_report(model) is None
+
+
 def test_two_models_kernelized_differently_including_rope(ref_pm, calls):
     from transformers.models.llama import modeling_llama
 
@@ -362,6 +398,20 @@ def test_explicit_device_resolves_for_that_backend():
     assert _kernels(model) == {"sim.rms_norm"}
     model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, plugin_manager=pm)
     assert _kernels(model) == {"any.rms_norm.recompute"}
+
+
+@pytest.mark.parametrize("request_", ["rocm", "cuda", "cuda:1"])
+def test_explicit_device_is_named_as_tensors_print_it(request_):
+    # A ROCm backend drives torch's "cuda" devices: the report names the device, never the backend.
+    spec = _rms("rocm.rms_norm", "high_rms_norm", 100, backend="rocm")
+    backend = [BackendInfo("rocm", "cuda", (DeviceInfo(1, "simulated gfx942", arch="gfx942"),), priority=100)]
+    pm = fresh_plugin_manager((_plugin("rocm", [spec], backend), "rocm"))
+    model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, device=request_, plugin_manager=pm)
+    devices = {e.device for e in kernels_core.get_report(model).entries}
+    assert devices == {"cuda:1"}
+    assert _kernels(model) == {"rocm.rms_norm"}
+    with pytest.raises(KernelizeError, match=r"Detected: .*'rocm \(cuda:1\)'"):
+        kernels_core.kernelize(tiny_causal_lm("llama"), device="npu", plugin_manager=pm)
 
 
 def test_signature_of_bound_forward_is_the_original(ref_pm):

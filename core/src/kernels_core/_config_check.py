@@ -4,8 +4,8 @@
 layer kinds, kernel ids, plugin names, backend keys of ``prefer`` and option names. One configuration is often
 shared between machines with different plugins, so a name that matches nothing installed warns
 (:class:`~kernels_core.ConfigWarning`) with the closest installed names and its source; strict configuration
-turns those warnings into :class:`~kernels_core.ConfigError`. Unknown layer kinds, option names a kind does not
-declare and option values of the wrong type always raise.
+turns those warnings into :class:`~kernels_core.ConfigError`; unknown layer kinds follow the same rule. Option
+names a known kind does not declare and option values of the wrong type always raise.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class ConfigProblem:
         source: where the name was set: a file path, an environment variable or ``config argument``.
         key: the dotted key that holds it (``kinds.rms_norm.disable``); empty for an environment variable.
         message: what is wrong and the closest valid names.
-        error: always raises (unknown kind, undeclared option, wrong option type); otherwise it warns, or raises
-            under strict configuration.
+        error: always raises (undeclared option, wrong option type); otherwise it warns, or raises under strict
+            configuration.
     """
 
     source: str
@@ -170,10 +170,13 @@ def config_problems(config: KernelsConfig, pm: KernelsPluginManager) -> list[Con
     for kind_name in sorted(config.kinds):
         kind_config = config.kinds[kind_name]
         if kind_name not in installed.kinds:
+            # A kind another machine's plugin provides (npu's attention on a CUDA host) is not a typo there.
             close = _did_you_mean(kind_name, installed.kinds)
-            out.add(("kinds", kind_name),
-                    f"unknown layer kind(s) [{kind_name!r}]{'; ' + close if close else ''}; "
-                    f"known kinds: {sorted(installed.kinds)}", error=True)
+            message = (f"unknown layer kind {kind_name!r}{'; ' + close if close else ''}; "
+                       f"installed kinds: {sorted(installed.kinds)}")
+            if installed.not_loaded:
+                message += f" (plugins {list(installed.not_loaded)} did not load, so their kinds are not known)"
+            out.add(("kinds", kind_name), message)
             continue
         for name in sorted(kind_config.disable):
             path = ("kinds", kind_name, "disable")
@@ -242,7 +245,7 @@ def strict_config(config: KernelsConfig) -> tuple[bool, str]:
         return from_env, f"{ENV_STRICT_CONFIG}={os.environ[ENV_STRICT_CONFIG].strip()}"
     if config.strict:
         where = config.origins.get(("strict",), "kernelize(strict=True)")
-        return True, f"strict = true ({where})"
+        return True, where if where == "kernelize(strict=True)" else f"strict = true ({where})"
     return False, "strict is off"
 
 

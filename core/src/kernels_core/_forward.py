@@ -59,11 +59,17 @@ MISSING = _Missing()
 
 @dataclass
 class BindingRecord:
-    """Stored in a bound module's ``__dict__``: the instance attributes kernelize replaced, and by what."""
+    """Stored in a bound module's ``__dict__``: the instance attributes kernelize replaced, and by what.
+
+    ``previous`` holds what each attribute was before binding, ``bound`` what kernelize set it to: an attribute
+    that no longer holds its ``bound`` value was replaced by other code since (a wrapper), which restoring
+    ``previous`` would silently drop.
+    """
 
     MISSING: ClassVar[_Missing] = MISSING
     previous: dict[str, object] = field(default_factory=dict)
     kernels: tuple[tuple[str, str], ...] = ()
+    bound: dict[str, object] = field(default_factory=dict)
 
 
 _REF_CACHE: dict[str, object] = {}

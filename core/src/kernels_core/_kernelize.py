@@ -12,6 +12,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from ._check import device_name
 from ._config import KernelsConfig
 from ._config import load_config
 from ._config_check import check_config
@@ -86,10 +87,10 @@ def _dtype_name(dtype: torch.dtype | None) -> str | None:
 
 def _find_backend(device: torch.device, backends: list[tuple[BackendInfo, Any]]
                   ) -> tuple[BackendInfo | None, DeviceInfo | None]:
-    index = device.index if device.index is not None else 0
     for backend, _plugin in backends:
         if backend.device_type == device.type:
-            info = backend.device(index)
+            # A device type without an index ("cuda") means its backend's first device.
+            info = backend.device(device.index) if device.index is not None else next(iter(backend.devices), None)
             if info is not None:
                 return backend, info
     return None, None
@@ -97,12 +98,16 @@ def _find_backend(device: torch.device, backends: list[tuple[BackendInfo, Any]]
 
 def _explicit_target(device: str | torch.device, backends: list[tuple[BackendInfo, Any]]
                      ) -> tuple[str, BackendInfo, DeviceInfo | None]:
-    detected = sorted({f"{b.backend} ({b.device_type}, {b.count} device(s))" for b, _ in backends if b.devices})
+    detected = sorted({f"{b.backend} ({', '.join(device_name(b.device_type, d.index) for d in b.devices)})"
+                       for b, _ in backends if b.devices})
     absent = sorted({f"{b.backend}: {b.reason}" for b, _ in backends if not b.devices and b.reason})
+    # Devices are named as a tensor on them prints its device ("cpu", "cuda:0", "npu:1"), whether the request
+    # named a backend ("rocm"), a device type ("cuda") or a device ("cuda:1").
     if isinstance(device, str) and ":" not in device:
         for backend, _plugin in backends:
             if backend.backend == device and backend.devices:
-                return device, backend, backend.devices[0]
+                info = backend.devices[0]
+                return device_name(backend.device_type, info.index), backend, info
     try:
         torch_device = torch.device(device)
     except (RuntimeError, TypeError):
@@ -110,7 +115,8 @@ def _explicit_target(device: str | torch.device, backends: list[tuple[BackendInf
     if torch_device is not None:
         backend, info = _find_backend(torch_device, backends)
         if backend is not None:
-            return str(torch_device), backend, info
+            index = info.index if info is not None else (torch_device.index or 0)
+            return device_name(torch_device.type, index), backend, info
     why = f"; not available: {'; '.join(absent)}" if absent else ""
     raise KernelizeError(f"device {device!r} was requested, but no installed plugin detected it. "
                          f"Detected: {detected or 'nothing'}{why}")
@@ -128,6 +134,7 @@ def _module_target(module: nn.Module, explicit: tuple[str, BackendInfo, DeviceIn
     if device is None:
         return Target(device=None, backend=None, device_info=None, dtype=dtype)
     backend, info = _find_backend(device, backends)
+    # A parameter's device is already named as tensors print it.
     return Target(device=str(device), backend=backend.backend if backend else device.type, device_info=info,
                   dtype=dtype)
 
@@ -161,7 +168,39 @@ def _apply(module: nn.Module, attributes: dict[str, object], kernels: tuple[tupl
     previous = {attr: module.__dict__.get(attr, MISSING) for attr in attributes}
     for attr, value in attributes.items():
         module.__dict__[attr] = value
-    module.__dict__[BINDING_ATTR] = BindingRecord(previous=previous, kernels=kernels)
+    module.__dict__[BINDING_ATTR] = BindingRecord(previous=previous, kernels=kernels, bound=dict(attributes))
+
+
+def _describe(value: object) -> str:
+    if value is MISSING:
+        return "nothing (the attribute was deleted)"
+    fn = getattr(value, "__func__", value)
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    where = getattr(fn, "__module__", None)
+    return f"{name} from {where}" if where else name
+
+
+def _check_untouched(model: nn.Module, action: str) -> None:
+    """Raise, changing nothing, if other code replaced an attribute kernelize bound somewhere in ``model``.
+
+    Restoring the attribute would silently drop that code's wrapper (accelerate's autocast, TRL's fused head).
+    """
+    changed: list[str] = []
+    for name, module in model.named_modules():
+        record = module.__dict__.get(BINDING_ATTR)
+        if record is None:
+            continue
+        # Records pickled before ``bound`` existed cannot tell; they restore as before.
+        for attr, value in getattr(record, "bound", {}).items():
+            current = module.__dict__.get(attr, MISSING)
+            if current is not value:
+                changed.append(f"module {name or '(model)'!r} ({type(module).__qualname__}).{attr} was set to "
+                               f"{value!r} by kernelize and is now {_describe(current)}")
+    if changed:
+        raise KernelizeError(
+            f"{action} would drop code that wrapped the model after kernelize: {'; '.join(changed)}. Nothing was "
+            f"changed. {action.capitalize()} before that code wraps the model (for accelerate and TRL: before "
+            "Accelerator.prepare / building the trainer), or undo that wrapper first")
 
 
 def _assign(namespace: dict[str, Any], values: dict[str, object]) -> None:
@@ -184,8 +223,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
           explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
           ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry]]:
     kinds = pm.layer_kinds()
-    # Every name in the configuration is checked against what pm has: unknown kinds and options raise, other
-    # names warn (or raise under strict configuration) naming their source.
+    # Every name in the configuration is checked against what pm has: undeclared options raise, other names
+    # (kinds, kernels, plugins, backends) warn, or raise under strict configuration, naming their source.
     check_config(config, pm)
     backends = pm.backends()
     resolver = Resolver(pm, config, mode)
@@ -212,7 +251,10 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             try:
                 verdict = matcher(module, module_name, ctx)
             except Exception as exc:  # noqa: BLE001 - uncertain means left alone, with the reason
-                verdict = Decline(kind_name, f"matcher raised {type(exc).__name__}: {exc}")
+                owner = provided_kind.plugin
+                verdict = Decline(kind_name, f"matcher {provided_kind.kind.matcher} of plugin {owner.name!r} "
+                                             f"(distribution {owner.distribution or 'unknown'}) raised "
+                                             f"{type(exc).__name__}: {exc}")
             if verdict is None:
                 continue
             if isinstance(verdict, Match):
@@ -283,6 +325,23 @@ def _checked_bypasses(match: Match, module: nn.Module) -> Match | Decline:
     return match
 
 
+def _built_or_raise(forward: KernelForward | ReroutedForward, name: str, module: nn.Module,
+                    planned: list[_Planned]) -> Any:
+    """The forward's callable, built through its kinds' adapters; a failure names every kernel involved."""
+    try:
+        return forward._build()
+    except Exception as exc:
+        kernels = "; ".join(
+            f"kernel {p.kernel.spec.id!r} of plugin {p.kernel.plugin.name!r} (distribution "
+            f"{p.kernel.plugin.distribution or 'unknown'}), kind {p.kind.kind.name!r} (adapter "
+            f"{p.kind.kind.adapter} of plugin {p.kind.plugin.name!r}, impl {p.kernel.spec.impl})" for p in planned)
+        ids = ", ".join(f'"{p.kernel.spec.id}"' for p in planned)
+        raise KernelizeError(
+            f"binding to module {name or '(model)'!r} ({type(module).__qualname__}) failed while building its "
+            f"forward: {kernels}: {type(exc).__name__}: {exc}. The model is unchanged; to kernelize without it, "
+            f"set kernels.disable = [{ids}]") from exc
+
+
 def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
     module = plan.module
     if plan.forward is not None:
@@ -301,7 +360,7 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
         if binding is None:
             binding = pm.default_binding(module=module, match=p.match, kernel=p.kernel.spec, forward=forward)
             # Build now so a broken adapter or impl fails inside the transaction, not at the first forward.
-            forward._fn = forward._build()
+            forward._fn = _built_or_raise(forward, plan.name, module, [p])
         binding = _validate_binding(binding, plan.name, p.kernel.spec.id, p.kernel.plugin.name)
         _apply(module, dict(binding.attributes), ((p.kind.kind.name, p.kernel.spec.id),))
         return
@@ -313,7 +372,7 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
         for p in plan.globals
     )
     rerouted = ReroutedForward(module, overrides=overrides, module_name=plan.name)
-    rerouted._fn = rerouted._build()
+    rerouted._fn = _built_or_raise(rerouted, plan.name, module, plan.globals)
     _apply(module, {"forward": rerouted}, tuple((o.kind, o.kernel_id) for o in overrides))
 
 
@@ -343,8 +402,9 @@ def kernelize(
         mode: ``Mode.INFERENCE`` or ``Mode.TRAINING``, optionally ``| Mode.TORCH_COMPILE``; defaults to
             ``model.training``.
         device: resolve every module as if it ran on this device or backend (``"cuda:1"``, ``"npu"``,
-            ``"rocm"``); by default each module's own device decides, so ``device_map`` models get a choice per
-            device.
+            ``"rocm"``; a backend or device type means its first detected device); by default each module's own
+            device decides, so ``device_map`` models get a choice per device. The report names the device as a
+            tensor on it prints its device (``device="rocm"`` reports ``cuda:0``).
         config: a dict or TOML path, overriding the environment and file configuration.
         strict: raise if a matched module that could get a kernel on its backend got none. A module could get
             one when an installed kernel of its kind declares the module's backend (or ``"any"``) and
@@ -358,17 +418,19 @@ def kernelize(
 
     Raises:
         KernelizeError: an explicit request (``device``, ``strict``, a configured preference) cannot be
-            honoured, or binding failed; the model is unchanged.
-        ConfigError: the configuration is malformed, names an unknown layer kind or an option its kind does not
-            declare, or, under strict configuration, names a kernel, plugin or backend that is not installed
-            (otherwise those warn with :class:`~kernels_core.ConfigWarning`).
+            honoured, binding failed, or other code replaced an attribute an earlier kernelize bound (a wrapper
+            re-kernelizing would drop); the model is unchanged.
+        ConfigError: the configuration is malformed, names an option its kind does not declare, or, under
+            strict configuration, names a layer kind, kernel, plugin or backend that is not installed (otherwise
+            those warn with :class:`~kernels_core.ConfigWarning`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"kernelize expects a torch.nn.Module, got {type(model).__name__}")
     resolved_mode = _resolve_mode(model, mode)
     cfg = load_config(config)
     if strict:
-        cfg = dataclasses.replace(cfg, strict=True)
+        # The argument, not a file that may say strict = false, is what made this call strict.
+        cfg = dataclasses.replace(cfg, strict=True, origins={**cfg.origins, ("strict",): "kernelize(strict=True)"})
     pm = plugin_manager or get_plugin_manager()
     mode_name = str(resolved_mode).removeprefix("Mode.")
     if cfg.disable:
@@ -377,6 +439,7 @@ def kernelize(
         model.__dict__[REPORT_ATTR] = report
         logger.info(report.summary())
         return model
+    _check_untouched(model, "kernelize")
     explicit = _explicit_target(device, pm.backends()) if device is not None else None
     plans, entries, unmet = _plan(model, pm, cfg, resolved_mode, explicit)
     if unmet:
@@ -412,6 +475,10 @@ def kernelize(
 def unkernelize(model: ModelT) -> ModelT:
     """Undo every binding kernelize made on ``model`` and its sub-modules, restoring them exactly.
 
+    Raises :class:`KernelizeError`, changing nothing, if other code replaced an attribute kernelize bound since
+    (accelerate's mixed-precision wrapper, an accelerate hook, TRL's fused LM head): restoring it would drop that
+    code. The error names the module, the attribute and what replaced it.
+
     Example:
         >>> import torch, kernels_core
         >>> model = torch.nn.Sequential(torch.nn.LayerNorm(8))
@@ -419,6 +486,7 @@ def unkernelize(model: ModelT) -> ModelT:
         >>> kernels_core.unkernelize(model) is model
         True
     """
+    _check_untouched(model, "unkernelize")
     restored = sum(_restore(module) is not None for module in model.modules())
     model.__dict__.pop(REPORT_ATTR, None)
     logger.info("unkernelize: restored %d module(s)", restored)
