@@ -24,12 +24,13 @@ def chosen(monkeypatch):
 
         return record
 
-    for module, name in ((_ops._triton, "triton"), (_ops._native, "native")):
-        monkeypatch.setattr(module, "rms_norm", spy(name))
-        monkeypatch.setattr(module, "residual_rms_norm", spy(name))
+    monkeypatch.setattr(_ops._native, "rms_norm", spy("native"))
+    monkeypatch.setattr(_ops._native, "residual_rms_norm", spy("native"))
+    monkeypatch.setattr(_ops._rms_norm, "rms_norm", spy("triton"))
+    monkeypatch.setattr(_ops._residual_rms_norm, "residual_rms_norm", spy("triton"))
     # The eager entry points kernels-cuda calls when it knows it is not traced.
-    monkeypatch.setattr(_ops._triton, "eager_rms_norm", spy("triton"))
-    monkeypatch.setattr(_ops._triton, "eager_residual_rms_norm", spy("triton"))
+    monkeypatch.setattr(_ops._rms_norm, "eager_rms_norm", spy("triton"))
+    monkeypatch.setattr(_ops._residual_rms_norm, "eager_residual_rms_norm", spy("triton"))
     return calls
 
 
