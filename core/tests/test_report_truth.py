@@ -1,9 +1,10 @@
 """The report is true to the call: every kernel it lists runs where it says, and strict means what it documents.
 
 Call counting rebuilds every bound forward with each kernel implementation wrapped in a counter tagged with the
-module it was bound to, then runs a training step: a kernel listed for a module must run there once per forward,
-and no kernel may run on a module the report does not list it for. A module whose math a kernel on an enclosing
-module computes is reported as covered by that kernel, gets no binding and its forward never runs.
+module it was bound to, then runs a training step (in inference, an evaluation forward with labels): a kernel
+listed for a module must run there once per forward, and no kernel may run on a module the report does not list
+it for. A module whose math a kernel on an enclosing module computes is reported as covered by that kernel, gets
+no binding and its forward never runs.
 """
 
 from __future__ import annotations
@@ -89,21 +90,28 @@ def _forward_calls(model, names) -> Counter:
     return calls
 
 
+@pytest.mark.parametrize("mode", [Mode.TRAINING, Mode.INFERENCE], ids=["training", "inference"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_reported_kernel_runs_where_the_report_says(family, ref_pm, monkeypatch):
+def test_every_reported_kernel_runs_where_the_report_says(family, mode, ref_pm, monkeypatch):
     model = tiny_causal_lm(family)
-    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    kernels_core.kernelize(model, mode=mode, plugin_manager=ref_pm)
     report = kernels_core.get_report(model)
     claimed = Counter((e.module, e.kernel) for e in report.applied)
     covered = [e.module for e in report.covered]
     counts = _count_kernel_calls(model, monkeypatch)
     forwards = _forward_calls(model, covered)
-    model.train()
     ids = torch.randint(3, 100, (2, 7))
-    model(input_ids=ids, labels=ids).loss.backward()
+    if mode == Mode.TRAINING:
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+    else:
+        # Evaluation with labels: the hardest inference call for the loss kind, which must not claim to run.
+        model.eval()
+        with torch.no_grad():
+            model(input_ids=ids, labels=ids)
 
     assert dict(counts) == dict(claimed), (
-        f"{family}: kernel calls per (module, kernel) differ from the report\n"
+        f"{family} ({mode}): kernel calls per (module, kernel) differ from the report\n"
         f"ran but not reported: {sorted(set(counts) - set(claimed))}\n"
         f"reported but never ran: {sorted(set(claimed) - set(counts))}\n{report}"
     )
@@ -123,7 +131,8 @@ def test_post_attention_norm_is_covered_by_the_decoder_kernel(ref_pm, calls):
         assert (entry.covered_by, entry.covered_on) == ("ref.residual_rms_norm", f"model.layers.{i}")
         assert f"covered by ref.residual_rms_norm on model.layers.{i}" in entry.reason
         assert "forward" not in model.model.layers[i].post_attention_layernorm.__dict__, "no binding of its own"
-    assert len(report.covered) == layers and not report.skipped
+    # In inference the only module left without a kernel is the loss, which runs only in training.
+    assert len(report.covered) == layers and [e.kind for e in report.skipped] == ["causal_lm_loss"]
     assert "ref.rms_norm x3" in report.summary() and f"{layers} computed by a kernel on an enclosing" in \
         report.summary()
     data = json.loads(report.to_json())

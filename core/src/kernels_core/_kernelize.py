@@ -230,7 +230,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     resolver = Resolver(pm, config, mode)
     # id(module) -> (kernel id, enclosing module name) for modules whose forward a planned kernel never calls.
     covered: dict[int, tuple[str, str]] = {}
-    ctx = MatchContext(model)
+    ctx = MatchContext(model, mode=mode)
     matchers = {}
     unusable: list[ReportEntry] = []
     for name in sorted(kinds):

@@ -1,5 +1,8 @@
 """Causal-LM loss: a ``*ForCausalLM`` forward that, in training, never materialises the logits.
 
+Only kernelize for ``Mode.TRAINING`` binds it: in inference the forward must return logits, so the kernel would
+never run, and the module is declined with that reason.
+
 A whole-model probe would be too costly, so the matcher checks the forward's *code* instead: the names its
 bytecode uses must be exactly those of one of transformers' causal-LM templates (dense, soft-capped, MoE with
 auxiliary loss). A family that adds anything (logit scaling, multipliers, extra heads) uses other names and is
@@ -17,6 +20,7 @@ from torch import nn
 
 from .._types import Decline
 from .._types import Match
+from .._types import Mode
 from ._context import MatchContext
 from ._context import dtensor_placements
 from ._context import plain_class_forward
@@ -101,6 +105,13 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
     config = getattr(module, "config", None)
     softcap = getattr(config, "final_logit_softcapping", None) if template == "softcap" else None
     variant = "softcap" if softcap is not None else "standard"
+    if ctx.mode is not None and Mode.TRAINING not in ctx.mode:
+        # The adapter fuses only training steps with labels; anything else (generation, evaluation, with or
+        # without labels) runs the model's own forward, which returns the logits callers read. Bound here, the
+        # kernel would be reported but never run.
+        return Decline("causal_lm_loss", "the fused loss runs only in training steps with labels (mode is "
+                                         f"{str(ctx.mode).removeprefix('Mode.')}); the model's own forward "
+                                         "computes the logits and the loss here")
     params = {"template": template, "softcap": softcap}
     return Match("causal_lm_loss", variant, params,
                  evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss")

@@ -202,10 +202,13 @@ class MatchContext:
     Args:
         root: the model being kernelized.
         seed: seed for probe inputs, so classification is reproducible.
+        mode: the mode kernelize resolves for (a ``kernels_core.Mode``), for kinds whose kernel runs in one
+            mode only; None when unknown.
     """
 
-    def __init__(self, root: nn.Module, *, seed: int = 1234) -> None:
+    def __init__(self, root: nn.Module, *, seed: int = 1234, mode: Any = None) -> None:
         self.root = root
+        self.mode = mode
         self.config = getattr(root, "config", None)
         self._seed = seed
         self._rotary_dims: set[int] | None = None
