@@ -60,6 +60,66 @@ def write_json(path: pathlib.Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
+def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: int) -> tuple[dict, object]:
+    """Time AdamW (fused, lr 1e-5) training steps of ``runner(input_ids=batch, labels=batch).loss``.
+
+    The first step is timed alone (compilation and autotuning included), ``warmup - 1`` more steps follow, then
+    ``steps`` timed ones with the GPU synchronised at both ends and the peak memory reset before them. Returns
+    the measurements and the step function (for a profile of one more step):
+    ``first_step_s``, ``seconds`` (the timed steps), ``peak_bytes``, ``host_queue_s`` (when the host finished
+    queueing each timed step: a one-off stall shows there) and ``losses`` (warm-up steps, then the last step).
+    """
+    opt = torch.optim.AdamW(parameters, lr=1e-5, fused=True)
+
+    def step() -> torch.Tensor:
+        loss = runner(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    losses = [step().item()]
+    first = time.perf_counter() - start
+    losses += [step().item() for _ in range(warmup - 1)]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    ends = []
+    for _ in range(steps):
+        loss = step()
+        ends.append(time.perf_counter())
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    losses.append(loss.item())
+    return {
+        "first_step_s": first,
+        "seconds": seconds,
+        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "host_queue_s": [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)],
+        "losses": losses,
+    }, step
+
+
+def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float) -> tuple[object | None, str | None]:
+    """Run one benchmark variant in its own process, which writes its JSON result to ``out``.
+
+    Returns the result (``None`` if the process wrote none) and what went wrong (``None`` if nothing): the exit
+    status with the end of its stderr, or the time limit with the end of its output.
+    """
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
+        error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-800:]
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        error = f"timed out after {timeout}s; last output: {tail}"
+    result = json.loads(out.read_text()) if out.exists() else None
+    out.unlink(missing_ok=True)
+    return result, error
+
+
 def bench(fn, *, rep: int = 200) -> float:
     """Median microseconds of ``fn`` under ``triton.testing.do_bench`` (L2 flushed between calls, host included)."""
     import triton.testing

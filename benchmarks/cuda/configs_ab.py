@@ -96,31 +96,16 @@ def train(shape: str, steps: int, warmup: int) -> dict:
     if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
         raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
     extension = _wait_for_background_builds()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    from _common import train_steps
+
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=gen)
-
-    def step() -> torch.Tensor:
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    losses = [step().item() for _ in range(warmup)]
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    losses.append(loss.item())
+    timed, _ = train_steps(model, model.parameters(), batch, steps=steps, warmup=warmup)
     return {
-        "train_tokens_per_s": steps * batch.numel() / elapsed,
-        "train_step_ms": 1e3 * elapsed / steps,
-        "train_peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
-        "losses": losses,
+        "train_tokens_per_s": steps * batch.numel() / timed["seconds"],
+        "train_step_ms": 1e3 * timed["seconds"] / steps,
+        "train_peak_GiB": timed["peak_bytes"] / 2**30,
+        "losses": timed["losses"],
         "kernels_triton": str(pathlib.Path(kernels_triton.__file__).parent),
         "cpp_extension": extension,
         "binding": report.summary(),

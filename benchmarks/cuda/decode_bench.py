@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import time
 import traceback
@@ -191,6 +189,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _common import environment
+    from _common import run_child
     from _common import write_json
 
     rows = []
@@ -202,18 +201,11 @@ def main() -> None:
                    "--new-tokens", str(args.new_tokens),
                    "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
             cmd += ["--profile"] if args.profile else []
-            try:
-                limit = args.compile_timeout if variant.endswith("compile") else args.timeout
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=os.environ)
-                got = json.loads(tmp.read_text()) if tmp.exists() else [{"model": model_name, "variant": variant}]
-                if proc.returncode != 0:
-                    got[-1]["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
-            except subprocess.TimeoutExpired as exc:
-                tail = (exc.stderr or b"")[-800:]
-                tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-                got = [{"model": model_name, "variant": variant,
-                        "process_error": f"timed out; last output: {tail}"}]
-            tmp.unlink(missing_ok=True)
+            limit = args.compile_timeout if variant.endswith("compile") else args.timeout
+            got, error = run_child(cmd, tmp, timeout=limit)
+            got = got or [{"model": model_name, "variant": variant}]
+            if error:
+                got[-1]["process_error"] = error
             for row in got:
                 brief = {k: v for k, v in row.items() if k not in ("profile", "traceback", "binding", "tokens_head")}
                 print(json.dumps(brief), flush=True)
@@ -223,23 +215,12 @@ def main() -> None:
             rows.extend(got)
     _ratios(rows)
     write_json(args.out, {
-        "environment": {**environment(), "commit": git_commit()},
+        "environment": environment(),
         "config": f"greedy generate, prompt {args.prompt} tokens, {args.new_tokens} new tokens, bf16, sdpa; "
                   "ms_per_token excludes the prefill (a 1-token generate)",
         "rows": rows,
     })
     _chart(rows, args.out.with_suffix(".png"))
-
-
-def git_commit() -> str | None:
-    """The commit measured: ``KERNELS_BENCH_COMMIT`` (set where the copy has no ``.git``) or ``git rev-parse``."""
-    if os.environ.get("KERNELS_BENCH_COMMIT"):
-        return os.environ["KERNELS_BENCH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=pathlib.Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _ratios(rows: list[dict]) -> None:

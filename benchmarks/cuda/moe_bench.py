@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import time
 import traceback
@@ -89,37 +87,18 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
     model = build(model_name, experts=experts)
     model.train()
     runner, how = prepare(model, variant)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    from _common import train_steps
+
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, model.config.vocab_size, tokens, device="cuda", generator=gen)
-
-    def step():
-        loss = runner(input_ids=batch, labels=batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    losses = [step().item()]
-    first = time.perf_counter() - start
-    for _ in range(warmup):
-        losses.append(step().item())
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    losses.append(loss.item())
+    # The first step on its own, then `warmup` more before the timed ones.
+    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup + 1)
     result = {
-        "tokens_per_s": round(steps * batch.numel() / elapsed),
-        "step_ms": round(1e3 * elapsed / steps, 2),
-        "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "first_step_s": round(first, 2),
-        "losses": [round(v, 4) for v in losses],
+        "tokens_per_s": round(steps * batch.numel() / timed["seconds"]),
+        "step_ms": round(1e3 * timed["seconds"] / steps, 2),
+        "peak_GiB": round(timed["peak_bytes"] / 2**30, 2),
+        "first_step_s": round(timed["first_step_s"], 2),
+        "losses": [round(v, 4) for v in timed["losses"]],
         "binding": how,
     }
     if variant.endswith("compile"):
@@ -127,17 +106,6 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
 
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     return result
-
-
-def git_commit() -> str | None:
-    """The commit measured: ``KERNELS_BENCH_COMMIT`` (set where the copy has no ``.git``) or ``git rev-parse``."""
-    if os.environ.get("KERNELS_BENCH_COMMIT"):
-        return os.environ["KERNELS_BENCH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=pathlib.Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main() -> None:
@@ -164,6 +132,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _common import environment
+    from _common import run_child
     from _common import write_json
 
     rows = []
@@ -173,20 +142,16 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--tokens", args.tokens]
             start = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
-                row = json.loads(tmp.read_text()) if tmp.exists() else {"model": model_name, "variant": variant}
-                if proc.returncode != 0:
-                    row["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
-            except subprocess.TimeoutExpired:
-                row = {"model": model_name, "variant": variant, "process_error": f"timed out after {args.timeout}s"}
+            result, error = run_child(cmd, tmp, timeout=args.timeout)
+            row = result or {"model": model_name, "variant": variant}
+            if error:
+                row["process_error"] = error
             row["process_s"] = round(time.perf_counter() - start, 1)
-            tmp.unlink(missing_ok=True)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "losses")}), flush=True)
     _ratios(rows)
     write_json(args.out, {
-        "environment": {**environment(), "commit": git_commit()},
+        "environment": environment(),
         "config": f"bf16, sdpa, AdamW(fused), {args.tokens} tokens, {args.steps} timed steps after "
                   f"{args.warmup} warm-up steps and the first step",
         "rows": rows,

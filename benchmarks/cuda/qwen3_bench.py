@@ -21,7 +21,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import traceback
 
 import torch
@@ -151,37 +150,18 @@ def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> di
     model = build()
     model.train()
     runner, how = prepare(model, variant, training=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    from _common import train_steps
+
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, 151936, (4, 2048), device="cuda", generator=gen)
-    losses = []
-
-    def step():
-        loss = runner(input_ids=batch, labels=batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    for _ in range(warmup):
-        losses.append(step().item())
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    ends = []
-    for _ in range(steps):
-        loss = step()
-        ends.append(time.perf_counter())  # when the host is done queueing: a one-off stall shows here
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    losses.append(loss.item())
+    timed, step = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup)
     result = {
-        "train_tokens_per_s": steps * batch.numel() / elapsed,
-        "train_step_ms": 1e3 * elapsed / steps,
-        "train_peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
-        "losses": losses,
+        "train_tokens_per_s": steps * batch.numel() / timed["seconds"],
+        "train_step_ms": 1e3 * timed["seconds"] / steps,
+        "train_peak_GiB": timed["peak_bytes"] / 2**30,
+        "losses": timed["losses"],
         "binding": how,
-        "host_queue_ms_each": [round(1e3 * (b - a), 2) for a, b in zip([start, *ends[:-1]], ends, strict=True)],
+        "host_queue_ms_each": [round(1e3 * s, 2) for s in timed["host_queue_s"]],
     }
     if variant.split("+")[0].endswith("compile"):
         from torch._dynamo.utils import counters
