@@ -17,6 +17,7 @@ import reference_plugin
 import torch
 from kernels_core import ConfigError
 from kernels_core import KernelizeError
+from kernels_core import KernelSpec
 from kernels_core import hookimpl
 from kernels_core.testing import assert_close
 from kernels_core.testing import fresh_plugin_manager
@@ -87,7 +88,8 @@ def test_kernel_config_options_reach_kernelize(tiny_model_dir, ref_pm, use_pm):
               "config": {"kinds": {"rms_norm": {"enabled": False}}}}
     report = kernels_core.get_report(_engine(tiny_model_dir, config).model)
     assert report.mode == "INFERENCE"
-    norms = [e for e in report.entries if e.kind == "rms_norm"]
+    # post_attention_layernorm is computed by the decoder layer's residual add + norm kernel (another kind).
+    norms = [e for e in report.entries if e.kind == "rms_norm" and not e.covered]
     assert norms and all(e.kernel is None and "disabled" in e.reason for e in norms)
     assert "ref.silu_gated_mlp" in _kernels(report)
     # Without a mode, an engine that loads for inference (chat) kernelizes for inference.
@@ -170,9 +172,18 @@ def test_failed_kernelize_leaves_the_loaded_model_untouched(tiny_model_dir, use_
         assert torch.equal(model(input_ids=ids).logits, eager(input_ids=ids).logits)
 
 
-def test_strict_failure_through_model_engine(tiny_model_dir, use_pm):
-    use_pm(fresh_plugin_manager())  # built-in portable kernels: none for rotary embeddings on the CPU
-    with pytest.raises(KernelizeError, match="strict kernelize: .*rotary_embedding"):
+def test_strict_through_model_engine(tiny_model_dir, use_pm):
+    # The portable kernels have no CPU rotary kernel: nothing could be used there, so strict is met.
+    use_pm(fresh_plugin_manager())
+    report = kernels_core.get_report(_engine(tiny_model_dir, {"name": "kernels_core", "strict": True}).model)
+    assert any(e.kind == "rotary_embedding" and "no kernel for backend cpu" in e.reason for e in report.entries)
+    # A CPU rotary kernel that exists but cannot be used (its requirement is missing) is unmet: strict raises.
+    plugin = types.ModuleType("plugin_rotary")
+    plugin.kernels_core_kernels = hookimpl(lambda: [KernelSpec(
+        id="cpu.rotary_embedding.test", kind="rotary_embedding", variants=("full",), backend="cpu",
+        impl="kernels_core.portable:rms_norm", requires=("kernels-core-no-such-package>=1",))])
+    use_pm(fresh_plugin_manager((plugin, "rotary")))
+    with pytest.raises(KernelizeError, match=r"strict kernelize: .*rotary_embedding.*requirement missing"):
         _engine(tiny_model_dir, {"name": "kernels_core", "strict": True})
 
 
