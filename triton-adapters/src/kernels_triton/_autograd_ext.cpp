@@ -1,26 +1,14 @@
-// kernels-triton's RMSNorm and residual add + RMSNorm as C++ autograd functions that launch this package's
-// compiled Triton kernels through the CUDA driver.
-//
-// Why C++: the Python autograd.Function these replace costs 50-70 us of host time per backward in the autograd
-// engine's device thread on an H200 host (GIL, interpreter state moving between cores), more than the GPU time of
-// the whole layer below ~33M elements. Here a forward is one allocation and one cuLaunchKernel call, a backward
-// two of each: the forward saves no rstd (the backward kernel recomputes it from the saved input), and the input
-// gradient and the weight gradient's per-program partial rows share one allocation.
-//
-// Why a hand-written autograd Node rather than torch::autograd::Function: Function::apply and its CppNode wrap
-// every call in generic bookkeeping (a string-keyed map for the saved values, per-input VariableInfo, output
-// wrapping with view and dirty-tensor handling, gradient materialisation) that these two fixed-signature ops do
-// not need; the Node below is what PyTorch's own generated backward nodes look like.
-//
-// What this file knows about Triton is the launcher ABI shared by Triton 3.3-3.9's CUDA launcher: one parameter
-// slot per non-constexpr kernel argument (device pointers, 32/64-bit integers, float32 scalars as their bits),
-// then the global and profile scratch pointers; 32 * num_warps threads; the compiled kernel's shared memory.
-// Python (_cpp_extension.arg_types, called from _triton_kernels._build_norm_plan) reads each compiled kernel's
-// signature and metadata, refuses anything else (clusters, scratch, cooperative or PDL launches), and hands over
-// the function handle with one letter per argument.
-//
-// No CUDA headers: the stream comes from c10's device-guard interface, cuLaunchKernel and the context calls from
-// the driver library that PyTorch has already loaded.
+// kernels-triton's RMSNorm and residual add + RMSNorm as C++ autograd nodes launching this package's compiled
+// Triton kernels through the CUDA driver. Why: the Python autograd.Function costs 50-70 us of host time per
+// backward in the autograd engine's device thread; here a forward is one allocation and one cuLaunchKernel, a
+// backward two of each (no saved rstd; input gradient and weight-gradient partials share one allocation). The
+// nodes are hand-written like PyTorch's generated ones, without Function/CppNode's generic bookkeeping.
+// Triton knowledge is limited to the launcher ABI of Triton 3.3-3.9's CUDA launcher (one slot per non-constexpr
+// argument, then the global and profile scratch pointers; 32 * num_warps threads; the kernel's shared memory):
+// Python (_cpp_extension.arg_types, called from _cpp_extension._build_norm_plan) reads each compiled kernel's
+// signature, refuses clusters, scratch, cooperative or PDL launches, and passes one letter per argument.
+// No CUDA headers: the stream comes from c10's device-guard interface, the driver calls from the driver library
+// PyTorch has already loaded.
 
 #include <torch/extension.h>
 
