@@ -1,0 +1,86 @@
+"""``KernelizeCallback`` in a ``Trainer`` that wraps the model for two processes: DDP and accelerate's FSDP2.
+
+Two CPU processes over gloo, launched with ``torch.distributed.run``; each trains the plain Trainer and then the
+Trainer with the callback from the same seed on the same data (float32, 8 steps) and compares the logged loss of
+every step (the mean over both ranks). The fused loss differs from eager by summation order only: 1e-4 relative,
+as in ``test_transformers.py``.
+
+FSDP2: accelerate keeps ``FullyShardedDataParallelPlugin`` only for GPU/NPU/XPU-style distributed types; with
+``use_cpu=True`` (MULTI_CPU) it drops the plugin without a message and the Trainer wraps in DDP. The worker puts
+the Trainer's accelerator state on FSDP after ``Trainer.__init__`` (after the callback has kernelized, before
+anything is wrapped), so ``train()`` runs accelerate's own FSDP2 preparation (``fully_shard`` per its auto-wrap
+policy); the test checks that the parameters really are sharded DTensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _trainer_helpers import assert_losses_equal
+
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="this torch build has no torch.distributed with the gloo backend",
+)
+
+WORKER = Path(__file__).with_name("_trainer_distributed_worker.py")
+# Kinds the core's portable kernels give the tiny Qwen3 on the CPU (RoPE has no portable kernel).
+EXPECTED = {"causal_lm_loss", "rms_norm", "silu_gated_mlp"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(scenario: str, out: Path) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), str(WORKER), scenario, str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{scenario} workers failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return [json.loads((out / f"{scenario}-rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def _check_same_training(ranks: list[dict], scenario: str) -> None:
+    for rank, result in enumerate(ranks):
+        plain, kernelized = result["plain"], result["kernelized"]
+        assert plain["world_size"] == kernelized["world_size"] == 2, f"rank {rank}: not a two-process run"
+        assert len(plain["losses"]) == 8
+        assert_losses_equal(kernelized["losses"], plain["losses"], what=f"{scenario} rank {rank}")
+        assert set(kernelized["applied"]) >= EXPECTED, f"rank {rank}: {kernelized['applied']}"
+        assert set(kernelized["declined"]) <= {f"model.layers.{i}.self_attn|rotary_embedding" for i in (0, 1)}, (
+            f"rank {rank}: {kernelized['declined']}")
+        assert "kernels-core's fused loss" in kernelized["loss_owner"], kernelized["loss_owner"]
+        # The eager loss calls lm_head once per step; the fused loss reads its weight and never calls it.
+        assert plain["lm_head_calls"] == 8 and kernelized["lm_head_calls"] == 0, (
+            f"rank {rank}: lm_head called {plain['lm_head_calls']} / {kernelized['lm_head_calls']} times")
+    assert ranks[0]["kernelized"]["losses"] == ranks[1]["kernelized"]["losses"], "ranks disagree on the mean loss"
+
+
+def test_ddp_trains_like_the_plain_trainer(tmp_path):
+    ranks = _launch("ddp", tmp_path)
+    for result in ranks:
+        assert result["plain"]["wrapper"] == result["kernelized"]["wrapper"] == "DistributedDataParallel"
+    _check_same_training(ranks, "ddp")
+
+
+def test_accelerate_fsdp2_trains_like_the_plain_trainer(tmp_path):
+    ranks = _launch("fsdp", tmp_path)
+    for rank, result in enumerate(ranks):
+        for which in ("plain", "kernelized"):
+            run = result[which]
+            assert run["fsdp2_sharded"], f"rank {rank} {which}: parameters are not FSDP2 DTensors"
+            assert "FSDPQwen3DecoderLayer" in run["fsdp2_modules"], f"rank {rank} {which}: {run['fsdp2_modules']}"
+    _check_same_training(ranks, "fsdp")
