@@ -164,7 +164,8 @@ def test_kernelized_model_computes_the_same_logits_and_unkernelizes(simulate, pm
         expected = eager(ids).logits
         model = kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, device="cuda", plugin_manager=pm)
         report = get_report(model)
-        assert report.applied and not report.skipped, report
+        # Inference: the fused loss never runs, so only the loss kind is declined (with that reason).
+        assert report.applied and {e.kind for e in report.skipped} == {"causal_lm_loss"}, report
         assert_close(model(ids).logits, expected, what="kernelized logits")
         unkernelize(model)
         assert get_report(model) is None
