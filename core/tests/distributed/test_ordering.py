@@ -8,15 +8,11 @@ The same checks on two GPUs with NCCL live in plugins-cuda's ``test_distributed_
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+import two_ranks
 
 
 pytest.importorskip("transformers")
@@ -28,19 +24,8 @@ pytestmark = pytest.mark.skipif(
 WORKER = Path(__file__).with_name("_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(scenario: str, out: Path) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), str(WORKER), scenario, str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{scenario} workers failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    return [json.loads((out / f"{scenario}-rank{rank}.json").read_text()) for rank in range(2)]
+    return two_ranks.launch(WORKER, scenario, out)
 
 
 @pytest.mark.parametrize("scenario", ["fsdp", "ddp"])

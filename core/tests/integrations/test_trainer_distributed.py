@@ -14,15 +14,11 @@ policy); the test checks that the parameters really are sharded DTensors.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+import two_ranks
 from _trainer_helpers import assert_losses_equal
 
 
@@ -38,19 +34,8 @@ WORKER = Path(__file__).with_name("_trainer_distributed_worker.py")
 EXPECTED = {"causal_lm_loss", "rms_norm", "silu_gated_mlp"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(scenario: str, out: Path) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), str(WORKER), scenario, str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{scenario} workers failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    return [json.loads((out / f"{scenario}-rank{rank}.json").read_text()) for rank in range(2)]
+    return two_ranks.launch(WORKER, scenario, out)
 
 
 def _check_same_training(ranks: list[dict], scenario: str) -> None:
