@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import sys
 import types
@@ -30,6 +29,7 @@ from dataclasses import asdict
 from dataclasses import dataclass
 from typing import Any
 
+from ._hints import did_you_mean
 from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
@@ -199,8 +199,7 @@ def _unknown(kind: str, names: Iterable[str], known: Iterable[str]) -> None:
         return
     hints = []
     for name in missing:
-        close = difflib.get_close_matches(name, known, n=1)
-        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        hints.append(f"{name!r}{did_you_mean(name, known)}")
     raise CheckError(f"unknown {kind} {', '.join(hints)}; installed {kind}s: {', '.join(known) or 'none'}")
 
 

@@ -6,7 +6,6 @@ Devices are named as a tensor on them prints its device (``cpu``, ``cuda:0``), a
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from . import list_kernels
 from . import list_plugins
 from ._check import DEFAULT_COMPILE_BACKEND
 from ._check import device_name
+from ._hints import did_you_mean
 from ._manager import get_plugin_manager
 from ._report import format_table
 from ._types import Supports
@@ -156,8 +156,7 @@ def _check_backend(parser: argparse.ArgumentParser, backend: str | None) -> None
         return
     known = _known_backends()
     if backend not in known:
-        close = difflib.get_close_matches(backend, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(backend, known)
         parser.error(f"unknown backend {backend!r}{hint}; known backends: {', '.join(known)}")
 
 

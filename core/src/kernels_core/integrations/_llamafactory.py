@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import sys
 from collections.abc import Mapping
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._config import ConfigError
+from .._hints import did_you_mean
 from .._types import Mode
 
 
@@ -29,11 +29,6 @@ _ENGINE_MODULE = "llamafactory.v1.core.model_engine"
 _TRAIN_COMMANDS = ("train", "sft", "dpo", "rm")
 
 
-def _closest(word: str, allowed: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(word, allowed, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _parse_mode(value: object) -> Mode | None:
     if value is None or isinstance(value, Mode):
         return value.validate() if isinstance(value, Mode) else None
@@ -44,7 +39,7 @@ def _parse_mode(value: object) -> Mode | None:
     words = [w.strip().lower() for w in value.replace("|", "+").replace(",", "+").split("+") if w.strip()]
     for word in words:
         if word not in _MODE_WORDS:
-            raise ConfigError(f"kernel_config.mode: unknown mode {word!r}{_closest(word, list(_MODE_WORDS))}; "
+            raise ConfigError(f"kernel_config.mode: unknown mode {word!r}{did_you_mean(word, list(_MODE_WORDS))}; "
                               f"allowed: {sorted(_MODE_WORDS)}, joined with '+'")
         mode |= _MODE_WORDS[word]
     try:
@@ -66,7 +61,8 @@ def _parse_kinds(value: object, known: list[str]) -> tuple[str, ...] | None:
                           f"commas, got {value!r}; layer kinds: {known}")
     for kind in value:
         if kind not in known:
-            raise ConfigError(f"kernel_config.include_kernels: unknown layer kind {kind!r}{_closest(kind, known)}; "
+            hint = did_you_mean(kind, known)
+            raise ConfigError(f"kernel_config.include_kernels: unknown layer kind {kind!r}{hint}; "
                               f"layer kinds: {known}")
     return tuple(value)
 
@@ -159,7 +155,7 @@ def kernelize_for_llamafactory(model: Any, *, include_kernels: object = None, **
     settings.update(options)
     unknown = sorted(set(settings) - set(OPTIONS))
     if unknown:
-        hint = _closest(unknown[0], OPTIONS)
+        hint = did_you_mean(unknown[0], OPTIONS)
         raise ConfigError(f"kernel_config: unknown option {unknown[0]!r}{hint}; allowed: {', '.join(OPTIONS)}"
                           + (f" (also unknown: {unknown[1:]})" if unknown[1:] else ""))
     if settings.get("name", PLUGIN_NAME) != PLUGIN_NAME:
