@@ -128,6 +128,12 @@ class KernelsConfig:
     def kind(self, name: str) -> KindConfig:
         return self.kinds.get(name, KindConfig())
 
+    def strict_for(self, kind: str) -> bool:
+        """Whether a module of ``kind`` left without a usable kernel raises: the kind's own ``strict``, else the
+        global one."""
+        kind_strict = self.kind(kind).strict
+        return bool(self.strict) if kind_strict is None else kind_strict
+
     def origin(self, *path: str) -> str:
         """The source that set a key (file path, environment variable or ``config argument``).
 

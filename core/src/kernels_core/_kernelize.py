@@ -243,8 +243,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
         matchers[name] = load_ref(kinds[name].kind.matcher)
     plans: dict[int, _ModulePlan] = {}
     entries: list[ReportEntry] = list(unusable)
-    unmet: list[ReportEntry] = [e for e in unusable if config.kind(e.kind).strict
-                                or (config.kind(e.kind).strict is None and config.strict)]
+    unmet: list[ReportEntry] = [e for e in unusable if config.strict_for(e.kind)]
     for module_name, module in model.named_modules():
         for kind_name, matcher in matchers.items():
             provided_kind = kinds[kind_name]
@@ -283,8 +282,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             if choice.kernel is None:
                 entry = _entry(module_name, verdict, target, reason=choice.reason)
                 entries.append(entry)
-                kind_strict = config.kind(kind_name).strict
-                if choice.unmet and (kind_strict or (kind_strict is None and config.strict)):
+                if choice.unmet and config.strict_for(kind_name):
                     unmet.append(entry)
                 continue
             plan = plans.setdefault(id(module), _ModulePlan(module_name, module))
