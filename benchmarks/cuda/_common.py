@@ -102,6 +102,25 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
     }, step
 
 
+def profile_step(step) -> list[dict]:
+    """GPU time per kernel name over one call of ``step``, largest first (the 40 largest, after a total row):
+    where a variant's step time goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = [
+        {"kernel": event.key[:120], "calls": event.count, "gpu_ms": round(event.device_time_total / 1e3, 3)}
+        for event in prof.key_averages()
+        if event.device_time_total > 0
+    ]
+    rows.sort(key=lambda row: -row["gpu_ms"])
+    total = sum(row["gpu_ms"] for row in rows)
+    return [{"kernel": "<all kernels>", "calls": sum(r["calls"] for r in rows), "gpu_ms": round(total, 3)}] + rows[:40]
+
+
 def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float) -> tuple[object | None, str | None]:
     """Run one benchmark variant in its own process, which writes its JSON result to ``out``.
 

@@ -128,24 +128,6 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
     return model, how
 
 
-def _profile_step(step) -> list[dict]:
-    """GPU time per kernel name over one training step, largest first: where a variant's step time goes."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    rows = [
-        {"kernel": event.key[:120], "calls": event.count, "gpu_ms": round(event.device_time_total / 1e3, 3)}
-        for event in prof.key_averages()
-        if event.device_time_total > 0
-    ]
-    rows.sort(key=lambda row: -row["gpu_ms"])
-    total = sum(row["gpu_ms"] for row in rows)
-    return [{"kernel": "<all kernels>", "calls": sum(r["calls"] for r in rows), "gpu_ms": round(total, 3)}] + rows[:40]
-
-
 def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> dict:
     model = build()
     model.train()
@@ -170,7 +152,9 @@ def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> di
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
         result["dynamo_unique_graphs"] = counters["stats"]["unique_graphs"]
     if profile:
-        result["profile_one_step"] = _profile_step(step)
+        from _common import profile_step
+
+        result["profile_one_step"] = profile_step(step)
     torch.cuda.empty_cache()
     return result
 

@@ -1,15 +1,21 @@
-"""MoE training benchmark: the Qwen3-30B-A3B shape (128 experts, top-8) and the Mixtral-8x7B shape (8 experts,
-top-2) cut to a few layers, random weights, bf16, AdamW, 2 x 4096 tokens. Each (model, variant) runs in a fresh
-process; tokens/s over the timed steps, peak memory, and the first step's seconds (kernel compilation, autotuning
-and torch.compile all land there).
+"""Training benchmark on published model shapes cut to a few layers: the MoE shapes Qwen3-30B-A3B (128 experts,
+top-8) and Mixtral-8x7B (8 experts, top-2), and the dense Gemma-3-4B (sliding-window layers, offset norms, GeGLU,
+262k vocabulary) and Llama-3.1-8B. Random weights, bf16, AdamW, 2 x 4096 tokens. Each (model, variant) runs in a
+fresh process; tokens/s over the timed steps, peak memory, and the first step's seconds (kernel compilation,
+autotuning and torch.compile all land there).
 
-    python benchmarks/cuda/moe_bench.py --out benchmarks/results/moe-h100.json
+    python benchmarks/cuda/models_bench.py --models qwen3-30b-a3b-4l,mixtral-8x7b-2l \
+        --out benchmarks/results/moe-h100.json
+    python benchmarks/cuda/models_bench.py --models gemma-3-4b-6l \
+        --variants eager,liger,kernelize,compile,kernelize_compile --out benchmarks/results/gemma-h100.json
 
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
-``hf_grouped_mm`` (``experts_implementation`` set explicitly), ``liger`` (Liger's model patch), ``kernelize``,
+``hf_grouped_mm`` (``experts_implementation`` set explicitly, MoE shapes only), ``liger`` (Liger's model patch, as
+the Trainer's ``use_liger_kernel`` applies it), ``kernelize``,
 ``compile``, ``kernelize_compile``, ``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under
 another row name: ``kernelize@warm`` after ``kernelize`` times the first step with Triton's on-disk kernel cache
-filled, as every run after the first on a machine finds it.
+filled, as every run after the first on a machine finds it. ``--profile`` adds the GPU time per kernel of one
+more step to each row.
 """
 
 from __future__ import annotations
@@ -35,6 +41,17 @@ MODELS = {
         num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32000,
         tie_word_embeddings=False, max_position_embeddings=32768,
     ),
+    # Five sliding-window layers (1024 tokens) to one global one, as published: 6 layers hold one of each kind.
+    "gemma-3-4b-6l": dict(
+        family="gemma3_text", hidden_size=2560, intermediate_size=10240, num_hidden_layers=6, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, vocab_size=262208, query_pre_attn_scalar=256, sliding_window=1024,
+        rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=131072,
+    ),
+    "llama-3.1-8b-4l": dict(
+        family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False, rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+    ),
 }
 VARIANTS = ["eager", "hf_eager", "hf_grouped_mm", "liger", "kernelize", "compile", "kernelize_compile",
             "hf_grouped_mm_compile"]
@@ -50,6 +67,8 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
     config_cls, model_cls = {
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     }[family]
     config = config_cls(**spec, attn_implementation="sdpa")
     if experts is not None:
@@ -60,13 +79,12 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
 
 
 def prepare(model, variant: str) -> tuple[object, str]:
-    how = f"experts_implementation={model.config._experts_implementation}"
+    experts = getattr(model.config, "_experts_implementation", None)
+    how = f"experts_implementation={experts}" if experts else ""
     if variant == "liger":
-        import liger_kernel.transformers as liger
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-        patch = {"qwen3_moe": liger.apply_liger_kernel_to_qwen3_moe,
-                 "mixtral": liger.apply_liger_kernel_to_mixtral}[model.config.model_type]
-        patch(model=model)
+        _apply_liger_kernel_to_instance(model=model)
     if variant.startswith("kernelize"):
         import kernels_core
 
@@ -74,13 +92,14 @@ def prepare(model, variant: str) -> tuple[object, str]:
         if variant.endswith("compile"):
             mode |= kernels_core.Mode.TORCH_COMPILE
         kernels_core.kernelize(model, mode=mode)
-        how += "; " + kernels_core.get_report(model).summary()
+        how = "; ".join(filter(None, [how, kernels_core.get_report(model).summary()]))
     if variant.endswith("compile"):
         return torch.compile(model), how
     return model, how
 
 
-def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tuple[int, int]) -> dict:
+def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tuple[int, int],
+          profile: bool = False) -> dict:
     variant = row_name.split("@")[0]
     experts = {"hf_eager": "eager", "hf_grouped_mm": "grouped_mm",
                "hf_grouped_mm_compile": "grouped_mm"}.get(variant)
@@ -92,7 +111,7 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, model.config.vocab_size, tokens, device="cuda", generator=gen)
     # The first step on its own, then `warmup` more before the timed ones.
-    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup + 1)
+    timed, step = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup + 1)
     result = {
         "tokens_per_s": round(steps * batch.numel() / timed["seconds"]),
         "step_ms": round(1e3 * timed["seconds"] / steps, 2),
@@ -105,6 +124,10 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
         from torch._dynamo.utils import counters
 
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+    if profile:
+        from _common import profile_step
+
+        result["profile_one_step"] = profile_step(step)
     return result
 
 
@@ -117,6 +140,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--tokens", default="2x4096", help="batch x sequence length")
     parser.add_argument("--timeout", type=int, default=240)
+    parser.add_argument("--profile", action="store_true", help="add the GPU time per kernel of one more step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     tokens = tuple(int(v) for v in args.tokens.split("x"))
@@ -124,7 +148,8 @@ def main() -> None:
         model_name, variant = args.child.split(":")
         row = {"model": model_name, "variant": variant}
         try:
-            row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens))
+            row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens,
+                             profile=args.profile))
         except Exception as exc:  # noqa: BLE001 - a failing variant is a result to report
             row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
             row["traceback"] = traceback.format_exc()[-3000:]
@@ -140,7 +165,8 @@ def main() -> None:
         for variant in args.variants.split(","):
             tmp = args.out.with_name(f".{model_name}-{variant}.json")
             cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--tokens", args.tokens]
+                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--tokens", args.tokens,
+                   *(["--profile"] if args.profile else [])]
             start = time.perf_counter()
             result, error = run_child(cmd, tmp, timeout=args.timeout)
             row = result or {"model": model_name, "variant": variant}
@@ -148,7 +174,8 @@ def main() -> None:
                 row["process_error"] = error
             row["process_s"] = round(time.perf_counter() - start, 1)
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "losses")}), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "losses", "profile_one_step")}),
+                  flush=True)
     _ratios(rows)
     write_json(args.out, {
         "environment": environment(),
