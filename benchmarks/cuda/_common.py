@@ -102,6 +102,13 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
     }, step
 
 
+def set_loss_chunk_rows(modifier: str) -> None:
+    """Apply a ``chunk<N>`` variant modifier: the fused loss's token chunks at about N rows (a tuning override)."""
+    from kernels_triton import _loss
+
+    _loss._CHUNK_ROWS = int(modifier.removeprefix("chunk"))
+
+
 def profile_step(step) -> list[dict]:
     """GPU time per kernel name over one call of ``step``, largest first (the 40 largest, after a total row):
     where a variant's step time goes."""

@@ -14,7 +14,8 @@ Variants: ``eager`` (transformers' default experts implementation, named in each
 the Trainer's ``use_liger_kernel`` applies it), ``kernelize``,
 ``compile``, ``kernelize_compile``, ``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under
 another row name: ``kernelize@warm`` after ``kernelize`` times the first step with Triton's on-disk kernel cache
-filled, as every run after the first on a machine finds it. ``--profile`` adds the GPU time per kernel of one
+filled, as every run after the first on a machine finds it; a modifier ``+chunk<N>`` sets the fused loss's token
+chunks to about N rows. ``--profile`` adds the GPU time per kernel of one
 more step to each row.
 """
 
@@ -79,6 +80,13 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
 
 
 def prepare(model, variant: str) -> tuple[object, str]:
+    variant, *modifiers = variant.split("+")
+    for modifier in modifiers:
+        if not modifier.startswith("chunk"):
+            raise ValueError(f"unknown variant modifier {modifier!r}; expected chunk<N>")
+        from _common import set_loss_chunk_rows
+
+        set_loss_chunk_rows(modifier)
     experts = getattr(model.config, "_experts_implementation", None)
     how = f"experts_implementation={experts}" if experts else ""
     if variant == "liger":
@@ -101,8 +109,9 @@ def prepare(model, variant: str) -> tuple[object, str]:
 def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tuple[int, int],
           profile: bool = False) -> dict:
     variant = row_name.split("@")[0]
+    base = variant.split("+")[0]
     experts = {"hf_eager": "eager", "hf_grouped_mm": "grouped_mm",
-               "hf_grouped_mm_compile": "grouped_mm"}.get(variant)
+               "hf_grouped_mm_compile": "grouped_mm"}.get(base)
     model = build(model_name, experts=experts)
     model.train()
     runner, how = prepare(model, variant)
@@ -120,7 +129,7 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
         "losses": [round(v, 4) for v in timed["losses"]],
         "binding": how,
     }
-    if variant.endswith("compile"):
+    if base.endswith("compile"):
         from torch._dynamo.utils import counters
 
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())

@@ -15,7 +15,6 @@ e.g. ``kernelize_compile+native+chunk128``.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import pathlib
@@ -69,10 +68,6 @@ _NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "
                  "native_residual": ("residual_rms_norm",)}
 
 
-def _as_compiled(sizing, n_tokens: int, vocab: int, hidden: int, *, compiling: bool) -> int:
-    return sizing(n_tokens, vocab, hidden, compiling=True)
-
-
 def _kernelize_config(modifiers: list[str]) -> dict:
     kinds: dict = {}
     for modifier in modifiers:
@@ -88,11 +83,9 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         elif modifier == "no_residual":
             kinds["residual_rms_norm"] = {"enabled": False}
         elif modifier.startswith("chunk"):
-            from kernels_triton import _loss
+            from _common import set_loss_chunk_rows
 
-            # The adapter's own compile-mode sizing, at N rows and in every mode (a tuning override).
-            _loss._COMPILE_CHUNK_TOKENS = int(modifier.removeprefix("chunk"))
-            _loss._chunk_mem_const = functools.partial(_as_compiled, _loss._chunk_mem_const)
+            set_loss_chunk_rows(modifier)
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm, "
                              "native_residual, triton_norm, python_autograd, no_residual or chunk<N>")
