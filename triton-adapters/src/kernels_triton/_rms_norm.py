@@ -28,6 +28,9 @@ from . import _cpp_extension
 from . import _native
 from ._compile import inference_trace
 from ._compile import tracing
+from ._custom_op import custom_op
+from ._custom_op import dense_like
+from ._custom_op import register_backward
 from ._device import eager_device_context
 from ._device import on_device_of
 from ._launch import Launcher
@@ -319,51 +322,21 @@ def apply_rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: fl
 
 # The forward always writes rstd (4 bytes per row, against 2 x row width bytes moved per row): a no-grad variant
 # would be a second op whose output a later backward could be wired to by mistake.
-@torch.library.custom_op("kernels_triton::rms_norm", mutates_args=())
-def _rms_norm_op(
-    x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    with on_device_of(x2):
-        return rms_norm_forward(x2.contiguous(), weight, eps, offset, gemma, store_rstd=True)
+@custom_op("rms_norm", fake=lambda x2, *_: (dense_like(x2), x2.new_empty((x2.shape[0],), dtype=torch.float32)))
+def _rms_norm_op(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                 gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return rms_norm_forward(x2.contiguous(), weight, eps, offset, gemma, store_rstd=True)
 
 
-@_rms_norm_op.register_fake
-def _(x2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-      gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty_like(x2, memory_format=torch.contiguous_format),
-            x2.new_empty((x2.shape[0],), dtype=torch.float32))
+@custom_op("rms_norm_backward", fake=lambda dy, x2, weight, *_: (dense_like(x2), torch.empty_like(weight)))
+def _rms_norm_backward_op(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                          offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return rms_norm_backward(dy, x2.contiguous(), weight, rstd, offset, gemma, want_dw=True)
 
 
-@torch.library.custom_op("kernels_triton::rms_norm_backward", mutates_args=())
-def _rms_norm_backward_op(
-    dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    with on_device_of(x2):
-        dx, dw = rms_norm_backward(dy, x2.contiguous(), weight, rstd, offset, gemma, want_dw=True)
-    return dx, dw
-
-
-@_rms_norm_backward_op.register_fake
-def _(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
-      gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x2, memory_format=torch.contiguous_format), torch.empty_like(weight)
-
-
-def _rms_norm_setup(ctx: object, inputs: tuple, output: tuple) -> None:
-    x2, weight, _, offset, gemma = inputs
-    _, rstd = output
-    ctx.save_for_backward(x2, weight, rstd)  # type: ignore[attr-defined]
-    ctx.offset, ctx.gemma = offset, gemma  # type: ignore[attr-defined]
-    ctx.mark_non_differentiable(rstd)  # type: ignore[attr-defined]
-
-
-def _rms_norm_grad(ctx: object, dy: torch.Tensor, _: torch.Tensor) -> tuple:
-    x2, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
-    dx, dw = _rms_norm_backward_op(dy, x2, weight, rstd, ctx.offset, ctx.gemma)  # type: ignore[attr-defined]
-    return dx, dw, None, None, None
-
-
-_rms_norm_op.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+register_backward(
+    _rms_norm_op, save=lambda inputs, output: ((inputs[0], inputs[1], output[1]), inputs[3:]),  # x2, weight, rstd
+    grad=lambda saved, dy, _: (*_rms_norm_backward_op(dy, *saved), None, None, None), non_differentiable=(1,))
 
 
 def rms_norm_op(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float, offset: float,
