@@ -20,8 +20,10 @@ from . import _cpp_extension
 from . import _native
 from ._compile import inference_trace
 from ._compile import tracing
+from ._custom_op import custom_op
+from ._custom_op import dense_like
+from ._custom_op import register_backward
 from ._device import eager_device_context
-from ._device import on_device_of
 from ._launch import Launcher
 from ._launch import cdiv
 from ._rms_norm import _normalize_rows
@@ -116,59 +118,28 @@ def apply_residual_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor,
 
 
 # Like the RMSNorm op, the forward always writes rstd; the sum is an output the caller keeps as the next residual.
-@torch.library.custom_op("kernels_triton::add_rms_norm", mutates_args=())
-def _add_rms_norm_op(
-    x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    with on_device_of(x2):
-        y, s, rstd = add_rms_norm_forward(x2.contiguous(), r2.contiguous(), weight, eps, offset,
-                                                          gemma, store_rstd=True)
-    return y, s, rstd
+@custom_op("add_rms_norm", fake=lambda x2, *_: (dense_like(x2), dense_like(x2),
+                                                x2.new_empty((x2.shape[0],), dtype=torch.float32)))
+def _add_rms_norm_op(x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                     gemma: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return add_rms_norm_forward(x2.contiguous(), r2.contiguous(), weight, eps, offset, gemma, store_rstd=True)
 
 
-@_add_rms_norm_op.register_fake
-def _(x2: torch.Tensor, r2: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-      gemma: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.empty_like(x2, memory_format=torch.contiguous_format),
-            torch.empty_like(x2, memory_format=torch.contiguous_format),
-            x2.new_empty((x2.shape[0],), dtype=torch.float32))
+@custom_op("add_rms_norm_backward", fake=lambda dy, ds, s2, weight, *_: (dense_like(s2), torch.empty_like(weight)))
+def _add_rms_norm_backward_op(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor,
+                              rstd: torch.Tensor, offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return add_rms_norm_backward(dy, ds, s2.contiguous(), weight, rstd, offset, gemma, want_dw=True)
 
 
-@torch.library.custom_op("kernels_triton::add_rms_norm_backward", mutates_args=())
-def _add_rms_norm_backward_op(
-    dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-    offset: float, gemma: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    with on_device_of(s2):
-        dx, dw = add_rms_norm_backward(dy, ds, s2.contiguous(), weight, rstd, offset, gemma,
-                                                       want_dw=True)
-    return dx, dw
-
-
-@_add_rms_norm_backward_op.register_fake
-def _(dy: torch.Tensor, ds: torch.Tensor | None, s2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-      offset: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(s2, memory_format=torch.contiguous_format), torch.empty_like(weight)
-
-
-def _add_rms_norm_setup(ctx: object, inputs: tuple, output: tuple) -> None:
-    _, _, weight, _, offset, gemma = inputs
-    _, s, rstd = output
-    ctx.save_for_backward(s, weight, rstd)  # type: ignore[attr-defined]
-    ctx.offset, ctx.gemma = offset, gemma  # type: ignore[attr-defined]
-    ctx.mark_non_differentiable(rstd)  # type: ignore[attr-defined]
-
-
-def _add_rms_norm_grad(ctx: object, dy: torch.Tensor | None, ds: torch.Tensor | None, _: torch.Tensor) -> tuple:
-    s, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
-    if dy is None:  # the normalised output was not used (autograd may pass None for it)
-        dy = torch.zeros_like(s)
-    dx, dw = _add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)  # type: ignore[attr-defined]
-    # The sum's gradient is that of both of its inputs.
+def _add_rms_norm_grad(saved: tuple, dy: torch.Tensor | None, ds: torch.Tensor | None, _: torch.Tensor) -> tuple:
+    s = saved[0]
+    # Autograd may pass None for an unused normalised output; the sum's gradient is that of both of its inputs.
+    dx, dw = _add_rms_norm_backward_op(torch.zeros_like(s) if dy is None else dy, ds, *saved)
     return dx, dx, dw, None, None, None
 
 
-_add_rms_norm_op.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+register_backward(_add_rms_norm_op, save=lambda inputs, output: ((output[1], inputs[2], output[2]), inputs[4:]),
+                  grad=_add_rms_norm_grad, non_differentiable=(2,))  # saves the sum, the weight and rstd
 
 
 def residual_rms_norm_op(hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *, eps: float,
