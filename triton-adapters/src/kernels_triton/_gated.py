@@ -18,6 +18,9 @@ import triton.language as tl
 from . import _native
 from ._compile import inference_trace
 from ._compile import tracing
+from ._custom_op import custom_op
+from ._custom_op import dense_like
+from ._custom_op import register_backward
 from ._device import on_device_of
 from ._launch import Launcher
 from ._launch import cdiv
@@ -147,44 +150,19 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> tor
 # -------------------------------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("kernels_triton::gated", mutates_args=())
+@custom_op("gated", fake=lambda gate, *_: dense_like(gate))
 def _gated_op(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
-    with on_device_of(gate):
-        return gated_forward(gate.contiguous(), up.contiguous(), gelu)
+    return gated_forward(gate.contiguous(), up.contiguous(), gelu)
 
 
-@_gated_op.register_fake
-def _(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
-    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+@custom_op("gated_backward", fake=lambda dout, gate, up, _: (dense_like(gate), dense_like(up)))
+def _gated_backward_op(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                       gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return gated_backward(dout, gate.contiguous(), up.contiguous(), gelu)
 
 
-@torch.library.custom_op("kernels_triton::gated_backward", mutates_args=())
-def _gated_backward_op(
-    dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gelu: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    with on_device_of(gate):
-        return gated_backward(dout, gate.contiguous(), up.contiguous(), gelu)
-
-
-@_gated_backward_op.register_fake
-def _(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty_like(gate, memory_format=torch.contiguous_format),
-            torch.empty_like(up, memory_format=torch.contiguous_format))
-
-
-def _gated_setup(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
-    gate, up, gelu = inputs
-    ctx.save_for_backward(gate, up)  # type: ignore[attr-defined]
-    ctx.gelu = gelu  # type: ignore[attr-defined]
-
-
-def _gated_grad(ctx: object, dout: torch.Tensor) -> tuple:
-    gate, up = ctx.saved_tensors  # type: ignore[attr-defined]
-    dgate, dup = _gated_backward_op(dout, gate, up, ctx.gelu)  # type: ignore[attr-defined]
-    return dgate, dup, None
-
-
-_gated_op.register_autograd(_gated_grad, setup_context=_gated_setup)
+register_backward(_gated_op, save=lambda inputs, output: (inputs[:2], inputs[2:]),  # gate, up; gelu
+                  grad=lambda saved, dout: (*_gated_backward_op(dout, *saved), None))
 
 
 def gated_op(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> torch.Tensor:

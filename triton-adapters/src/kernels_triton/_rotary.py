@@ -22,6 +22,8 @@ import triton.language as tl
 from . import _native
 from ._compile import inference_trace
 from ._compile import tracing
+from ._custom_op import custom_op
+from ._custom_op import register_backward
 from ._device import on_device_of
 from ._launch import Launcher
 from ._launch import next_power_of_2
@@ -157,35 +159,17 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 # --------------------------------------------------------------------------------------------------- custom op
 
 
-@torch.library.custom_op("kernels_triton::rotary", mutates_args=())
-def _rotary_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+# The kernel writes outputs with the strides of the q and k it reads (empty_like keeps a dense layout's strides).
+@custom_op("rotary", fake=lambda q, k, *_: tuple(torch.empty_like(unit_last_stride(t)) for t in (q, k)))
+def _rotary_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
     dense = unit_last_stride
-    with on_device_of(q):
-        return rotary_launch(dense(q), dense(k), dense(cos), dense(sin), backward)
+    return rotary_launch(dense(q), dense(k), dense(cos), dense(sin), backward)
 
 
-@_rotary_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-      backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    # The kernel writes outputs with the strides of the q and k it reads (empty_like keeps a dense layout's strides).
-    dense = unit_last_stride
-    return torch.empty_like(dense(q)), torch.empty_like(dense(k))
-
-
-def _rotary_setup(ctx: object, inputs: tuple, output: tuple) -> None:
-    _, _, cos, sin, _ = inputs
-    ctx.save_for_backward(cos, sin)  # type: ignore[attr-defined]
-
-
-def _rotary_grad(ctx: object, dq: torch.Tensor, dk: torch.Tensor) -> tuple:
-    cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
-    dq_in, dk_in = _rotary_op(dq, dk, cos, sin, True)
-    return dq_in, dk_in, None, None, None
-
-
-_rotary_op.register_autograd(_rotary_grad, setup_context=_rotary_setup)
+# The gradient is the inverse rotation: the same op with backward=True.
+register_backward(_rotary_op, save=lambda inputs, output: (inputs[2:4], ()),
+                  grad=lambda saved, dq, dk: (*_rotary_op(dq, dk, *saved, True), None, None, None))
 
 
 def rotary_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
