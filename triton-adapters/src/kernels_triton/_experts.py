@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ._compile import tracing
+from ._custom_op import custom_op
+from ._custom_op import register_backward
 
 
 __all__ = ["experts_forward", "grouped_mm", "moe_experts_gelu_tanh", "moe_experts_silu", "routing"]
@@ -51,17 +53,12 @@ def _eager_grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> t
     return torch._grouped_mm(x, w, offs=offs)
 
 
-@torch.library.custom_op("kernels_triton::experts_grouped_mm", mutates_args=())
+@custom_op("experts_grouped_mm", fake=lambda x, w, _: x.new_empty(x.shape[0], w.shape[-1]))
 def _gmm_op(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return _eager_grouped_mm(x, w, offs)
 
 
-@_gmm_op.register_fake
-def _(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], w.shape[-1])
-
-
-@torch.library.custom_op("kernels_triton::experts_grouped_mm_backward", mutates_args=())
+@custom_op("experts_grouped_mm_backward", fake=lambda grad, x, w, _: (grad.new_empty(x.shape), w.new_empty(w.shape)))
 def _gmm_backward_op(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
                      offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # x [S, K] @ w[e] [K, N] per group: dx = grad @ w[e]^T, dw[e] = x_e^T @ grad_e (zero for an empty group).
@@ -70,23 +67,8 @@ def _gmm_backward_op(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     return grad_x, grad_w.to(w.dtype)
 
 
-@_gmm_backward_op.register_fake
-def _(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return grad.new_empty(x.shape), w.new_empty(w.shape)
-
-
-def _gmm_setup(ctx, inputs, output) -> None:  # noqa: ANN001 - torch.library's calling convention
-    x, w, offs = inputs
-    ctx.save_for_backward(x, w, offs)
-
-
-def _gmm_backward(ctx, grad):  # noqa: ANN001, ANN202
-    x, w, offs = ctx.saved_tensors
-    grad_x, grad_w = _gmm_backward_op(grad.contiguous(), x, w, offs)
-    return grad_x, grad_w, None
-
-
-_gmm_op.register_autograd(_gmm_backward, setup_context=_gmm_setup)
+register_backward(_gmm_op, save=lambda inputs, output: (inputs, ()),
+                  grad=lambda saved, grad: (*_gmm_backward_op(grad.contiguous(), *saved), None))
 
 
 class _GatherRows(torch.autograd.Function):
