@@ -1,23 +1,20 @@
 """The norms' C++ autograd nodes (``_autograd_ext.cpp``): built once per machine and torch version in the
 background, and the eager path that calls them.
 
-With autograd, kernels-triton's RMSNorm and residual add + RMSNorm run as hand-written ``torch::autograd::Node``
-subclasses that launch the same compiled Triton kernels with the same launch shapes as the Python
-``autograd.Function`` path (outputs and gradients bit-identical), through ``cuLaunchKernel`` with the launcher ABI
-of Triton 3.3-3.9. Why: the Python node costs tens of microseconds of host time per backward in the autograd
-engine's device thread, more than a mid-size norm's GPU time. Kept because it pays at model level: kernelized
-training step, H100, bf16, batch 4 x 2048, AdamW, C++ nodes against ``KERNELS_TRITON_CPP_AUTOGRAD=0``,
-alternating processes (``benchmarks/results/cpp-autograd-ab-h100.json``): Qwen3-0.6B (28 layers) 65.4k against
-59.2k tokens/s (+10%, each of 3 rounds +9% or more); Qwen3-30B-A3B shape (4 layers) +3.9%, Gemma-3-4B (6 layers)
-+1.4%, Llama-3.1-8B (4 layers) 0.0%: it pays where many narrow norms leave the host setting the pace.
+With autograd, the RMSNorm and residual add + RMSNorm run as hand-written ``torch::autograd::Node`` subclasses
+launching the same compiled Triton kernels with the same launch shapes as the Python ``autograd.Function`` path
+(bit-identical results), through ``cuLaunchKernel`` with the launcher ABI of Triton 3.3-3.9: the Python node costs
+tens of microseconds of host time per backward, more than a mid-size norm's GPU time. Kernelized training step,
+H100, bf16, batch 4 x 2048, against ``KERNELS_TRITON_CPP_AUTOGRAD=0``
+(``benchmarks/results/cpp-autograd-ab-h100.json``): Qwen3-0.6B (28 layers) 65.4k against 59.2k tokens/s (+10%);
+Qwen3-30B-A3B shape +3.9%, Gemma-3-4B +1.4%, Llama-3.1-8B 0.0%: it pays where many narrow norms leave the host
+setting the pace.
 
-The build needs a C++ compiler and ``ninja`` (a dependency of kernels-cuda) and takes about a minute the first
-time; torch caches it under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), so later processes
-only load it. It runs in a background thread started by the first call that could use it: until it is ready, or
-if it cannot be built (the warning says why), the Python autograd path runs, and a call that fails through the
-extension falls back to it for that call and the rest of the process. ``KERNELS_TRITON_CPP_AUTOGRAD=0`` turns it
-off; ROCm builds of torch never use it (the launch goes through the CUDA driver); a registered Triton launch hook
-takes the Python path for that call.
+The build (a C++ compiler and ``ninja``; about a minute, then cached by torch under ``TORCH_EXTENSIONS_DIR``) runs
+in a background thread started by the first call that could use it. Until it is ready, if it cannot be built (a
+warning says why) or once a call through it failed, the Python autograd path runs. ``KERNELS_TRITON_CPP_AUTOGRAD=0``
+turns it off; ROCm builds of torch never use it; a registered Triton launch hook takes the Python path for that
+call.
 
 Example:
     >>> from kernels_triton import _cpp_extension
@@ -37,6 +34,7 @@ from types import ModuleType
 
 import torch
 
+from ._launch import cdiv
 from ._launch import launch_hooks_registered
 
 
@@ -59,8 +57,6 @@ _failure: str | None = None
 def _disabled_reason() -> str | None:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"{ENV_SWITCH}=0"
-    import torch
-
     if torch.version.hip is not None:
         return "ROCm build of torch (the extension launches through the CUDA driver)"
     if torch.version.cuda is None:
@@ -69,12 +65,7 @@ def _disabled_reason() -> str | None:
 
 
 def load_extension() -> ModuleType:
-    """Build (or load the cached build of) the extension now, in this thread; raises what the build raises.
-
-    Example:
-        >>> load_extension  # doctest: +ELLIPSIS
-        <function load_extension at ...>
-    """
+    """Build (or load the cached build of) the extension now, in this thread; raises what the build raises."""
     global _loaded
     with _load_lock:
         # Once per process: loading the library a second time would register its pybind11 types again over the
@@ -126,13 +117,7 @@ def extension(*, wait: bool = False) -> ModuleType | None:
 
 
 def give_up(error: BaseException) -> None:
-    """Stop using the extension for the rest of the process after a call through it failed; the Python autograd
-    path runs from the next call on (the failed call falls back to it too), and one warning says why.
-
-    Example:
-        >>> give_up  # doctest: +ELLIPSIS
-        <function give_up at ...>
-    """
+    """Use the Python autograd path for the rest of the process after a call through the extension failed."""
     global _module, _failure
     _failure = f"a call failed: {type(error).__name__}: {error}"
     _module = None
@@ -220,10 +205,7 @@ def eager_norm(hidden_states: torch.Tensor, residual: torch.Tensor | None, weigh
         key += (residual.shape, residual.dtype, residual.get_device())
     entry = _ENTRIES.get(key)
     if entry is None:
-        if residual is None:
-            ok = supported(hidden_states, weight, casting=casting)
-        else:
-            ok = supported(hidden_states, residual, weight, casting=casting)
+        ok = supported(*((hidden_states,) if residual is None else (hidden_states, residual)), weight, casting=casting)
         loaded = extension() if ok else None
         if ok and loaded is None and status() == "building":
             return None  # ask again next call
@@ -251,7 +233,6 @@ def _prepare(extension: ModuleType, residual: bool, shape: torch.Size, dtype: to
              weight_dtype: torch.dtype, gemma: bool, has_offset: bool, device: int) -> tuple | bool:
     """(extension function, ``NormCall``) for inputs of this signature, or False (not a GPU tensor, 2**31 rows or
     more, kernels whose launch the extension does not reproduce)."""
-    from ._launch import cdiv
     from ._rms_norm import norm_backward_tiling
     from ._rms_norm import norm_tiling
 
@@ -260,22 +241,19 @@ def _prepare(extension: ModuleType, residual: bool, shape: torch.Size, dtype: to
     if n_rows >= 2**31 or n_rows == 0 or device < 0:
         return False
     plan_key = (residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
-    try:
-        plan = _NORM_PLANS[plan_key]
-    except KeyError:
+    if plan_key not in _NORM_PLANS:
         try:
             with torch.cuda.device(device):
-                plan = _build_norm_plan(extension, residual, dtype, weight_dtype, n_cols, gemma, has_offset, device)
+                _NORM_PLANS[plan_key] = _build_norm_plan(extension, *plan_key)
         except Exception:  # noqa: BLE001 - an unexpected Triton API: the Python path always works
             logger.warning("kernels-triton: cannot prepare the C++ autograd path for %s; Python autograd instead",
                            plan_key, exc_info=True)
-            plan = None
-        _NORM_PLANS[plan_key] = plan
+            _NORM_PLANS[plan_key] = None
+    plan = _NORM_PLANS[plan_key]
     if plan is None:
         return False
-    element_size = dtype.itemsize
-    forward_rows = norm_tiling(n_cols, element_size)[0]
-    _, _, _, programs, rows_per_program, _ = norm_backward_tiling(n_rows, n_cols, element_size, device)
+    forward_rows = norm_tiling(n_cols, dtype.itemsize)[0]
+    _, _, _, programs, rows_per_program, _ = norm_backward_tiling(n_rows, n_cols, dtype.itemsize, device)
     call = extension.NormCall(plan, forward_grid=cdiv(n_rows, forward_rows), programs=programs,
                               rows_per_program=rows_per_program)
     return (extension.residual_rms_norm if residual else extension.rms_norm), call
@@ -310,20 +288,15 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
     from ._rms_norm import norm_tiling
 
     f32 = torch.float32
-    element_size = dtype.itemsize
-    block_m, block_n, num_warps = norm_tiling(n_cols, element_size)
-    if residual:
-        forward = (_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, dtype))
-    else:
-        forward = (_rms_norm_fwd_kernel, (dtype, weight_dtype, dtype, dtype))
+    block_m, block_n, num_warps = norm_tiling(n_cols, dtype.itemsize)
     # As the eager autograd path launches them: the forward stores no rstd (its RSTD slot gets the output), the
     # backward recomputes it (its RSTD slot gets dy).
     scalars = (2, 1e-6, 0.5, n_cols, gemma, has_offset, False, block_m, block_n)
+    forward = ((_add_rms_norm_fwd_kernel, (dtype, dtype, weight_dtype, dtype, dtype, dtype)) if residual
+               else (_rms_norm_fwd_kernel, (dtype, weight_dtype, dtype, dtype)))
     kernels = {"forward": _kernel(extension, forward[0], forward[1] + scalars, num_warps)}
-    bwd_m, bwd_n, bwd_warps, _, _, stages = norm_backward_tiling(1, n_cols, element_size, device)
-    for name, has_ds in (("backward", False), ("backward_with_sum", True)):
-        if has_ds and not residual:
-            continue
+    bwd_m, bwd_n, bwd_warps, _, _, stages = norm_backward_tiling(1, n_cols, dtype.itemsize, device)
+    for name, has_ds in (("backward", False), ("backward_with_sum", True))[:1 + residual]:
         args = (dtype, dtype, dtype, weight_dtype, dtype, dtype, f32, 2, 1e-6, 0.5, 2, n_cols, gemma, has_offset,
                 has_ds, True, bwd_m, bwd_n, stages)
         kernels[name] = _kernel(extension, _rms_norm_bwd_kernel, args, bwd_warps)
