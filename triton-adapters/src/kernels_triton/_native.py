@@ -9,25 +9,14 @@ Every function follows ``core/docs/kernel-conventions.md`` exactly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
+import torch.nn.functional as F
 
 from ._compile import tracing
 
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = [
-    "gelu_tanh_mul",
-    "layer_norm",
-    "moe_experts_dense",
-    "residual_rms_norm",
-    "rms_norm",
-    "rms_norm_reference",
-    "rotary_embedding",
-    "silu_mul",
-    "writes_input_dtype",
-]
+__all__ = ["gelu_tanh_mul", "layer_norm", "moe_experts_dense", "residual_rms_norm", "rms_norm", "rms_norm_reference",
+           "rotary_embedding", "silu_mul", "writes_input_dtype"]
 
 
 def writes_input_dtype(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
@@ -38,7 +27,6 @@ def writes_input_dtype(hidden_states: torch.Tensor, weight: torch.Tensor, *, cas
     unknown castings and non-GPU tensors are left to the native path.
 
     Example:
-        >>> import torch
         >>> writes_input_dtype(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(8), casting="llama")
         False
     """
@@ -53,13 +41,10 @@ def rms_norm_reference(
     """The eager transformers math, operation for operation.
 
     Example:
-        >>> import torch
         >>> x = torch.randn(2, 8)
         >>> rms_norm_reference(x, torch.ones(8), eps=1e-6, offset=0.0, casting="llama").shape
         torch.Size([2, 8])
     """
-    import torch
-
     x32 = hidden_states.to(torch.float32)
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     if casting == "gemma":
@@ -80,14 +65,11 @@ def rms_norm(
     everything in float32 and rounds once, exactly like ``F.rms_norm`` over a float32 view.
 
     Example:
-        >>> import torch
         >>> x = torch.randn(2, 8)
         >>> torch.allclose(rms_norm(x, torch.ones(8), eps=1e-6, offset=0.0, casting="llama"),
         ...                rms_norm_reference(x, torch.ones(8), eps=1e-6, offset=0.0, casting="llama"), atol=1e-6)
         True
     """
-    import torch.nn.functional as F
-
     if tracing():
         # Under torch.compile, hand Inductor the eager module's own ops: it fuses them into one kernel either way,
         # and on torch 2.11 / Triton 3.6 its fusion of F.rms_norm with Gemma2's residual adds produced a Triton
@@ -113,7 +95,6 @@ def residual_rms_norm(
     norm's kernel itself, forward and backward.
 
     Example:
-        >>> import torch
         >>> x, residual = torch.randn(2, 8), torch.randn(2, 8)
         >>> normed, new_residual = residual_rms_norm(x, residual, torch.ones(8), eps=1e-6, offset=0.0,
         ...                                          casting="llama")
@@ -128,12 +109,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` in the input dtype.
 
     Example:
-        >>> import torch
         >>> silu_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()
         0.0
     """
-    import torch.nn.functional as F
-
     return F.silu(gate) * up
 
 
@@ -141,18 +119,13 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``gelu(gate, approximate="tanh") * up`` in the input dtype.
 
     Example:
-        >>> import torch
         >>> gelu_tanh_mul(torch.zeros(2, 4), torch.ones(2, 4)).sum().item()
         0.0
     """
-    import torch.nn.functional as F
-
     return F.gelu(gate, approximate="tanh") * up
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    import torch
-
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -163,14 +136,11 @@ def rotary_embedding(
     """transformers' ``apply_rotary_pos_emb``, rotating the first ``cos.shape[-1]`` dims (full or partial).
 
     Example:
-        >>> import torch
         >>> q = k = torch.randn(1, 2, 3, 4)
         >>> cos, sin = torch.ones(1, 3, 4), torch.zeros(1, 3, 4)
         >>> torch.equal(rotary_embedding(q, k, cos, sin)[0], q)
         True
     """
-    import torch
-
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     rotary = cos.shape[-1]
@@ -189,12 +159,9 @@ def layer_norm(
     """``torch.nn.functional.layer_norm`` over the last dimension.
 
     Example:
-        >>> import torch
         >>> layer_norm(torch.randn(2, 8), torch.ones(8), None, eps=1e-5).shape
         torch.Size([2, 8])
     """
-    import torch.nn.functional as F
-
     return F.layer_norm(hidden_states, (hidden_states.shape[-1],), weight, bias, eps)
 
 
@@ -210,19 +177,14 @@ def moe_experts_dense(
     """Experts computed densely with static shapes: every expert sees every token, weighted by its routing weight.
 
     ``E`` times the arithmetic of a routed implementation, but no data-dependent shapes, so it traces under
-    ``torch.compile(fullgraph=True)``. A reference for tests; the kernels use :mod:`kernels_triton._experts`.
+    ``torch.compile(fullgraph=True)``. :mod:`kernels_triton._experts` takes it for sizes its grouped products do
+    not take; tests use it as a reference.
 
     Example:
-        >>> import torch
-        >>> x = torch.randn(3, 4)
-        >>> out = moe_experts_dense(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
-        ...                         torch.randn(2, 6, 4), torch.randn(2, 4, 3))
-        >>> out.shape
+        >>> moe_experts_dense(torch.randn(3, 4), torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
+        ...                   torch.randn(2, 6, 4), torch.randn(2, 4, 3)).shape
         torch.Size([3, 4])
     """
-    import torch
-    import torch.nn.functional as F
-
     out = torch.zeros_like(hidden_states)
     for expert in range(gate_up_proj.shape[0]):
         routing = (top_k_weights * (top_k_index == expert)).sum(dim=-1, keepdim=True)
