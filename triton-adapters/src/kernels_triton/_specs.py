@@ -38,99 +38,68 @@ class AdapterEntry:
     dtypes: tuple[str, ...] = _ALL_DTYPES
 
 
-_PKG = "kernels_triton"
+def _by_kind(*entries: AdapterEntry) -> Mapping[str, AdapterEntry]:
+    return {entry.kind: entry for entry in entries}
+
+
+_GRAD = Supports.BACKWARD
+_COMPILE = Supports.BACKWARD | Supports.TORCH_COMPILE
+_NORM, _GATED, _ROPE = ("standard", "offset"), ("split", "fused"), ("full", "partial")
 
 # Liger's elementwise and norm kernels are declared without TORCH_COMPILE on purpose: under torch.compile the
 # native entries below win, since Inductor fuses them with their neighbours (and never autotunes Liger's
 # kernels, which crashed Liger + torch.compile with an illegal memory access). The adapters still trace without
 # graph breaks if a model kernelized for eager is compiled afterwards: they defer to the native math then.
-LIGER_ADAPTERS: Mapping[str, AdapterEntry] = {
-    "rms_norm": AdapterEntry(
-        "rms_norm", ("standard", "offset"), f"{_PKG}._rms_norm:liger_rms_norm", Supports.BACKWARD,
-        "Liger Triton RMSNorm (llama/gemma casting, in_place=False)",
-    ),
-    "silu_gated_mlp": AdapterEntry(
-        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:liger_silu_mul", Supports.BACKWARD,
-        "Liger fused SiLU(gate) * up",
-    ),
-    "gelu_gated_mlp": AdapterEntry(
-        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:liger_gelu_tanh_mul", Supports.BACKWARD,
-        "Liger fused GELU-tanh(gate) * up",
-    ),
-    "rotary_embedding": AdapterEntry(
-        "rotary_embedding", ("full", "partial"), f"{_PKG}._rotary:liger_rotary_embedding", Supports.BACKWARD,
-        "Liger Triton RoPE (inputs never modified)",
-    ),
-    "causal_lm_loss": AdapterEntry(
-        "causal_lm_loss", ("standard", "softcap"), f"{_PKG}._loss:fused_linear_cross_entropy",
-        Supports.BACKWARD | Supports.TORCH_COMPILE,
-        "Liger fused linear cross-entropy as a torch.library custom op (no [N, V] logits)",
-    ),
-    "layer_norm": AdapterEntry(
-        "layer_norm", ("bias",), f"{_PKG}._layer_norm:layer_norm", Supports.BACKWARD, "Liger Triton LayerNorm",
-    ),
-    "moe_experts": AdapterEntry(
-        "moe_experts", ("silu",), f"{_PKG}._moe:moe_experts_silu", Supports.BACKWARD,
-        "Liger fused grouped-GEMM MoE experts (SwiGLU)",
-    ),
-}
+LIGER_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
+    AdapterEntry("rms_norm", _NORM, "kernels_triton._rms_norm:liger_rms_norm", _GRAD,
+                 "Liger Triton RMSNorm (llama/gemma casting, in_place=False)"),
+    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton._gated:liger_silu_mul", _GRAD,
+                 "Liger fused SiLU(gate) * up"),
+    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton._gated:liger_gelu_tanh_mul", _GRAD,
+                 "Liger fused GELU-tanh(gate) * up"),
+    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton._rotary:liger_rotary_embedding", _GRAD,
+                 "Liger Triton RoPE (inputs never modified)"),
+    AdapterEntry("causal_lm_loss", ("standard", "softcap"), "kernels_triton._loss:fused_linear_cross_entropy",
+                 _COMPILE, "Liger fused linear cross-entropy as a torch.library custom op (no [N, V] logits)"),
+    AdapterEntry("layer_norm", ("bias",), "kernels_triton._layer_norm:layer_norm", _GRAD, "Liger Triton LayerNorm"),
+    AdapterEntry("moe_experts", ("silu",), "kernels_triton._moe:moe_experts_silu", _GRAD,
+                 "Liger fused grouped-GEMM MoE experts (SwiGLU)"),
+)
 
 # This package's own Triton kernels (one module per op): one launch per direction and a thin Python side, for
 # the memory-bound kinds where Liger's host-side costs dominate at transformer sizes (the residual add + RMSNorm
 # kernel, a decoder layer's add and post-attention norm in one pass, has no Liger adapter here). Under
 # torch.compile they are traced as torch.library custom ops: opaque to Inductor, saving what they save eagerly
 # plus one float32 rstd per row.
-_TRITON = Supports.BACKWARD | Supports.TORCH_COMPILE
-TRITON_ADAPTERS: Mapping[str, AdapterEntry] = {
-    "rms_norm": AdapterEntry(
-        "rms_norm", ("standard", "offset"), f"{_PKG}._rms_norm:rms_norm", _TRITON,
-        "Triton RMSNorm, one launch per direction (llama/gemma casting; saves only x: the backward recomputes rstd)",
-    ),
-    "silu_gated_mlp": AdapterEntry(
-        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:silu_mul", _TRITON,
-        "Triton SiLU(gate) * up, one launch (saves only gate and up)",
-    ),
-    "gelu_gated_mlp": AdapterEntry(
-        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._gated:gelu_tanh_mul", _TRITON,
-        "Triton GELU-tanh(gate) * up, one launch (saves only gate and up)",
-    ),
-    "rotary_embedding": AdapterEntry(
-        "rotary_embedding", ("full", "partial"), f"{_PKG}._rotary:rotary_embedding", _TRITON,
-        "Triton RoPE, q and k in one launch (inputs never modified)",
-    ),
-    "residual_rms_norm": AdapterEntry(
-        "residual_rms_norm", ("standard", "offset"), f"{_PKG}._residual_rms_norm:residual_rms_norm", _TRITON,
-        "Triton residual add + RMSNorm, one launch per direction (saves the sum only, the next residual)",
-    ),
-}
+TRITON_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
+    AdapterEntry("rms_norm", _NORM, "kernels_triton._rms_norm:rms_norm", _COMPILE,
+                 "Triton RMSNorm, one launch per direction (llama/gemma casting; saves only x: the backward "
+                 "recomputes rstd)"),
+    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton._gated:silu_mul", _COMPILE,
+                 "Triton SiLU(gate) * up, one launch (saves only gate and up)"),
+    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton._gated:gelu_tanh_mul", _COMPILE,
+                 "Triton GELU-tanh(gate) * up, one launch (saves only gate and up)"),
+    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton._rotary:rotary_embedding", _COMPILE,
+                 "Triton RoPE, q and k in one launch (inputs never modified)"),
+    AdapterEntry("residual_rms_norm", _NORM, "kernels_triton._residual_rms_norm:residual_rms_norm", _COMPILE,
+                 "Triton residual add + RMSNorm, one launch per direction (saves the sum only, the next residual)"),
+)
 
-NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = {
-    "rms_norm": AdapterEntry(
-        "rms_norm", ("standard", "offset"), f"{_PKG}._native:rms_norm", Supports.BACKWARD | Supports.TORCH_COMPILE,
-        "torch.nn.functional.rms_norm eagerly (one fused ATen kernel); the eager ops under torch.compile",
-    ),
-    "silu_gated_mlp": AdapterEntry(
-        "silu_gated_mlp", ("split", "fused"), f"{_PKG}._native:silu_mul", Supports.BACKWARD | Supports.TORCH_COMPILE,
-        "ATen silu(gate) * up (Inductor fuses it under torch.compile)",
-    ),
-    "gelu_gated_mlp": AdapterEntry(
-        "gelu_gated_mlp", ("split", "fused"), f"{_PKG}._native:gelu_tanh_mul",
-        Supports.BACKWARD | Supports.TORCH_COMPILE, "ATen gelu-tanh(gate) * up (Inductor fuses it)",
-    ),
-    "rotary_embedding": AdapterEntry(
-        "rotary_embedding", ("full", "partial"), f"{_PKG}._native:rotary_embedding",
-        Supports.BACKWARD | Supports.TORCH_COMPILE, "ATen RoPE math (Inductor fuses it)",
-    ),
-    "layer_norm": AdapterEntry(
-        "layer_norm", ("bias", "no_bias"), f"{_PKG}._native:layer_norm", Supports.BACKWARD | Supports.TORCH_COMPILE,
-        "torch.nn.functional.layer_norm",
-    ),
-    "residual_rms_norm": AdapterEntry(
-        "residual_rms_norm", ("standard", "offset"), f"{_PKG}._native:residual_rms_norm",
-        Supports.BACKWARD | Supports.TORCH_COMPILE,
-        "ATen add, then the native RMSNorm eagerly; under torch.compile Inductor fuses the add into the norm",
-    ),
-}
+NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
+    AdapterEntry("rms_norm", _NORM, "kernels_triton._native:rms_norm", _COMPILE,
+                 "torch.nn.functional.rms_norm eagerly (one fused ATen kernel); the eager ops under torch.compile"),
+    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton._native:silu_mul", _COMPILE,
+                 "ATen silu(gate) * up (Inductor fuses it under torch.compile)"),
+    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton._native:gelu_tanh_mul", _COMPILE,
+                 "ATen gelu-tanh(gate) * up (Inductor fuses it)"),
+    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton._native:rotary_embedding", _COMPILE,
+                 "ATen RoPE math (Inductor fuses it)"),
+    AdapterEntry("layer_norm", ("bias", "no_bias"), "kernels_triton._native:layer_norm", _COMPILE,
+                 "torch.nn.functional.layer_norm"),
+    AdapterEntry("residual_rms_norm", _NORM, "kernels_triton._native:residual_rms_norm", _COMPILE,
+                 "ATen add, then the native RMSNorm eagerly; under torch.compile Inductor fuses the add into the "
+                 "norm"),
+)
 
 
 _FAMILIES: Mapping[str, tuple[Mapping[str, AdapterEntry], tuple[str, ...]]] = {
