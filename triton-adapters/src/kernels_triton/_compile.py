@@ -6,6 +6,8 @@ time and never breaks the graph.
 
 from __future__ import annotations
 
+import torch
+
 
 __all__ = ["inference_trace", "tracing"]
 
@@ -17,8 +19,6 @@ def tracing() -> bool:
         >>> tracing()
         False
     """
-    import torch
-
     return bool(torch.compiler.is_compiling())
 
 
@@ -30,12 +30,9 @@ def inference_trace(*tensors: object) -> bool:
     custom ops: they save less for backward than Inductor's decomposition would.
 
     Example:
-        >>> import torch
         >>> inference_trace(torch.zeros(1))   # eager: never
         False
     """
-    import torch
-
     if not tracing():
         return False
     return not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING
+
+import torch
 
 from ._compile import tracing
 
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["eager_device_context", "on_device_of"]
 
@@ -31,7 +29,6 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager[None
     there is nothing to switch, and the context costs nothing (this runs once per kernel call).
 
     Example:
-        >>> import torch
         >>> with on_device_of(torch.zeros(1)):  # CPU tensors: nothing to switch
         ...     pass
     """
@@ -46,13 +43,10 @@ def eager_device_context(tensor: torch.Tensor) -> contextlib.AbstractContextMana
     """:func:`on_device_of` for callers that already know they run eagerly (not under Dynamo), on a GPU tensor.
 
     Example:
-        >>> import torch
         >>> with eager_device_context(torch.zeros(1)):  # one device or none: nothing to switch
         ...     pass
     """
     if _several_gpus():
-        import torch
-
         return torch.cuda.device(tensor.device)
     return _NOTHING_TO_SWITCH
 
@@ -60,6 +54,4 @@ def eager_device_context(tensor: torch.Tensor) -> contextlib.AbstractContextMana
 @functools.cache
 def _several_gpus() -> bool:
     # The visible devices are fixed for the process once CUDA is initialised; asked on every kernel call.
-    import torch
-
     return torch.cuda.device_count() > 1

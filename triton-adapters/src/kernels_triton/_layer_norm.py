@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
 from . import _native
 from ._compile import tracing
 from ._device import on_device_of
 
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["layer_norm"]
 
@@ -21,7 +18,6 @@ def layer_norm(
     """LayerNorm with ``LigerLayerNormFunction``; bias-free layers and mixed dtypes use ``F.layer_norm``.
 
     Example:
-        >>> import torch
         >>> layer_norm(torch.randn(2, 8), torch.ones(8), torch.zeros(8), eps=1e-5).shape  # CPU: native path
         torch.Size([2, 8])
     """

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
 from . import _experts
 from ._compile import tracing
 from ._device import on_device_of
 
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["moe_experts_silu"]
 
@@ -30,7 +27,6 @@ def moe_experts_silu(
     without ``torch.compile`` support.
 
     Example:
-        >>> import torch
         >>> x = torch.randn(3, 8)
         >>> moe_experts_silu(x, torch.tensor([[0], [1], [0]]), torch.ones(3, 1),
         ...                  torch.randn(2, 8, 8), torch.randn(2, 8, 4)).shape   # CPU: grouped products
@@ -48,12 +44,6 @@ def moe_experts_silu(
 
     with on_device_of(hidden_states):
         out = LigerFusedMoEFunction.apply(
-            hidden_states, gate_up_proj, down_proj, top_k_index.to(dtype=_int32()), top_k_weights
+            hidden_states, gate_up_proj, down_proj, top_k_index.to(dtype=torch.int32), top_k_weights
         )
     return out.to(hidden_states.dtype)
-
-
-def _int32() -> torch.dtype:
-    import torch
-
-    return torch.int32
