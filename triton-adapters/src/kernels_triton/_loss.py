@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._compile import tracing
-from ._device import on_device_of
+from ._custom_op import custom_op
 
 
 __all__ = ["fused_linear_cross_entropy"]
@@ -33,62 +33,42 @@ def _chunk_mem_const(n_tokens: int, vocab: int, hidden: int) -> int:
     return max(1, -(-vocab * _CHUNK_ROWS // max(1, n_tokens * hidden)))
 
 
-@torch.library.custom_op("kernels_triton::fused_linear_cross_entropy", mutates_args=())
-def _flce(
-    hidden_states: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    bias: torch.Tensor | None,
-    ignore_index: int,
-    softcap: float,
-    reduction: str,
-    grad_hidden: bool,
-    grad_weight: bool,
-    chunk_mem_const: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flce_fake(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
+               ignore_index: int, softcap: float, reduction: str, grad_hidden: bool, grad_weight: bool,
+               chunk_mem_const: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        hidden_states.new_empty((), dtype=torch.float32),
+        torch.empty_like(hidden_states) if grad_hidden else hidden_states.new_empty(_EMPTY),
+        torch.empty_like(weight) if grad_weight else hidden_states.new_empty(_EMPTY),
+        torch.empty_like(bias) if (grad_weight and bias is not None) else hidden_states.new_empty(_EMPTY),
+    )
+
+
+@custom_op("fused_linear_cross_entropy", fake=_flce_fake)
+def _flce(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
+          ignore_index: int, softcap: float, reduction: str, grad_hidden: bool, grad_weight: bool,
+          chunk_mem_const: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 
     needs_grad = grad_hidden or grad_weight or (bias is not None and grad_weight)
-    with on_device_of(hidden_states):
-        loss, _, _, _, g_hidden, g_weight, g_bias = fused_linear_cross_entropy_forward(
-            _input=hidden_states.contiguous(),
-            weight=weight.contiguous(),
-            target=labels.contiguous(),
-            bias=bias,
-            ignore_index=ignore_index,
-            reduction=reduction,
-            softcap=softcap if softcap > 0.0 else None,
-            compute_gradients=needs_grad,
-            weight_requires_grad=grad_weight,
-            chunk_mem_const=chunk_mem_const,
-        )
+    loss, _, _, _, g_hidden, g_weight, g_bias = fused_linear_cross_entropy_forward(
+        _input=hidden_states.contiguous(),
+        weight=weight.contiguous(),
+        target=labels.contiguous(),
+        bias=bias,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        softcap=softcap if softcap > 0.0 else None,
+        compute_gradients=needs_grad,
+        weight_requires_grad=grad_weight,
+        chunk_mem_const=chunk_mem_const,
+    )
     # Custom-op outputs may not alias each other: one fresh empty tensor per unused slot.
     return (
         loss.float().reshape(()).clone(),
         g_hidden if (grad_hidden and g_hidden is not None) else hidden_states.new_empty(_EMPTY),
         g_weight if (grad_weight and g_weight is not None) else hidden_states.new_empty(_EMPTY),
         g_bias if (grad_weight and g_bias is not None) else hidden_states.new_empty(_EMPTY),
-    )
-
-
-@_flce.register_fake
-def _flce_fake(
-    hidden_states: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    bias: torch.Tensor | None,
-    ignore_index: int,
-    softcap: float,
-    reduction: str,
-    grad_hidden: bool,
-    grad_weight: bool,
-    chunk_mem_const: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (
-        hidden_states.new_empty((), dtype=torch.float32),
-        torch.empty_like(hidden_states) if grad_hidden else hidden_states.new_empty(_EMPTY),
-        torch.empty_like(weight) if grad_weight else hidden_states.new_empty(_EMPTY),
-        torch.empty_like(bias) if (grad_weight and bias is not None) else hidden_states.new_empty(_EMPTY),
     )
 
 
@@ -122,12 +102,7 @@ def _backward(ctx: object, grad_loss: torch.Tensor, *_: torch.Tensor) -> tuple:
         _scale(g_weight, grad_loss, in_place=in_place) if want_weight else None,
         None,
         _scale(g_bias, grad_loss, in_place=in_place) if want_bias else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
+        *(None,) * 6,  # the non-tensor inputs
     )
 
 
