@@ -22,6 +22,7 @@ from ._custom_op import custom_op
 from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import on_device_of
+from ._launch import FLOATS
 from ._launch import Launcher
 from ._launch import cdiv
 
@@ -29,7 +30,6 @@ from ._launch import cdiv
 __all__ = ["gated_activation", "gated_backward", "gated_forward", "gated_op", "gelu_tanh_mul", "liger_gelu_tanh_mul",
            "liger_silu_mul", "silu_mul"]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
@@ -179,7 +179,7 @@ def _gated_ok(gate: torch.Tensor, up: torch.Tensor) -> bool:
     return (
         gate.is_cuda
         and gate.dtype == up.dtype
-        and gate.dtype in _FLOATS
+        and gate.dtype in FLOATS
         and gate.shape == up.shape
         and gate.is_contiguous()
         and up.is_contiguous()

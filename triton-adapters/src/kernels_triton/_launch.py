@@ -15,7 +15,10 @@ import torch
 import triton
 
 
-__all__ = ["Compiled", "Launcher", "cdiv", "launch_hooks_registered", "next_power_of_2", "sm_count"]
+__all__ = ["FLOATS", "Compiled", "Launcher", "cdiv", "launch_hooks_registered", "next_power_of_2", "sm_count"]
+
+# The dtypes this package's kernels take.
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 logger = logging.getLogger(__name__)
 
@@ -94,16 +97,12 @@ class Launcher:
             self.kernel[(grid,)](*args, num_warps=num_warps)
 
 
-def _triton_runtime_knobs() -> object | None:
-    """Triton's runtime settings, which hold the launch hooks (Triton 3.4+), or None."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
-    return getattr(knobs, "runtime", None)
-
-
-_RUNTIME = _triton_runtime_knobs()
+try:
+    from triton import knobs as _knobs
+except ImportError:
+    _knobs = None
+# Triton's runtime settings, which hold the launch hooks (Triton 3.4+), or None.
+_RUNTIME = getattr(_knobs, "runtime", None)
 
 
 class Compiled:

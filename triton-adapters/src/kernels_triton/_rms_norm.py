@@ -33,6 +33,7 @@ from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import eager_device_context
 from ._device import on_device_of
+from ._launch import FLOATS
 from ._launch import Launcher
 from ._launch import cdiv
 from ._launch import next_power_of_2
@@ -45,7 +46,6 @@ __all__ = ["MAX_RMS_NORM_COLS", "add_rms_norm_backward", "apply_rms_norm", "eage
 
 # Rows longer than this do not fit one block's registers; callers take the native path instead.
 MAX_RMS_NORM_COLS = 32768
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 # ------------------------------------------------------------------------------------------------------ kernels
 
@@ -363,8 +363,8 @@ def rms_norm_supported(hidden_states: torch.Tensor, weight: torch.Tensor, *, cas
     """
     return (
         _native.writes_input_dtype(hidden_states, weight, casting=casting)
-        and hidden_states.dtype in _FLOATS
-        and weight.dtype in _FLOATS
+        and hidden_states.dtype in FLOATS
+        and weight.dtype in FLOATS
         and weight.is_contiguous()
         and 0 < hidden_states.shape[-1] <= MAX_RMS_NORM_COLS
         and hidden_states.numel() > 0

@@ -25,13 +25,13 @@ from ._compile import tracing
 from ._custom_op import custom_op
 from ._custom_op import register_backward
 from ._device import on_device_of
+from ._launch import FLOATS
 from ._launch import Launcher
 from ._launch import next_power_of_2
 
 
 __all__ = ["liger_rotary_embedding", "rotary", "rotary_embedding", "rotary_launch", "rotary_op", "unit_last_stride"]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
@@ -188,7 +188,7 @@ def _rotary_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     rotary_dim = cos.shape[-1]
     return (
         q.dtype == k.dtype == cos.dtype == sin.dtype  # another cos/sin dtype promotes the output in eager
-        and q.dtype in _FLOATS
+        and q.dtype in FLOATS
         and cos.shape == sin.shape
         and cos.shape[0] in (1, q.shape[0])
         and cos.shape[1] == q.shape[seq_dim] == k.shape[seq_dim]
