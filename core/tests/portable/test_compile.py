@@ -15,6 +15,7 @@ from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
 from kernels_core._portable._residual_rms_norm import residual_rms_norm
 from kernels_core._portable._rms_norm import rms_norm
 from kernels_core._portable._silu_mul import silu_mul
+from kernels_core._portable._sliding_window import banded_sdpa
 
 
 def _loss(hidden, weight, labels):
@@ -54,7 +55,16 @@ def _masked_scores(x):
     return (scores if mask is None else scores.masked_fill(~mask, 0.0)).sum()
 
 
+def _banded_attention(q, k, v):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    i = torch.arange(q.shape[-2])
+    band = ((i[None] <= i[:, None]) & (i[None] > i[:, None] - 3))[None, None]
+    return banded_sdpa(sdpa_attention_forward, torch.nn.Module(), q, k, v, band, sliding_window=3)[0].sum()
+
+
 CASES = {
+    "sliding_window_attention": (_banded_attention, lambda: tuple(torch.randn(2, 2, 11, 8) for _ in range(3))),
     "causal_mask": (_masked_scores, lambda: (torch.randn(2, 5, 8),)),
     "causal_lm_loss": (_loss, lambda: (torch.randn(37, 8), torch.randn(50, 8), torch.randint(0, 50, (37,)))),
     "rms_norm": (

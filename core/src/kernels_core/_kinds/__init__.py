@@ -80,6 +80,15 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         target="global",
     ),
     LayerKind(
+        name="sliding_window_attention",
+        description="the sdpa attention function of a sliding-window layer (Gemma-2/3; rerouted per instance)",
+        variants=("sdpa",),
+        matcher=f"{_P}._attention:match_sliding_window_attention",
+        adapter=f"{_P}._attention:adapt_sliding_window_attention",
+        options={},
+        target="global",
+    ),
+    LayerKind(
         name="causal_lm_loss",
         description="lm_head + shifted cross-entropy of a *ForCausalLM model (fused linear cross-entropy)",
         variants=("standard", "softcap"),

@@ -95,6 +95,26 @@ class _WithPositions:
         return (x,), kwargs
 
 
+class _SlidingInputs:
+    """Inputs of a sliding-window attention module: hidden states, its layer type's rotary (cos, sin) and the
+    boolean band mask SDPA receives from transformers, with two padded positions in the first sequence."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+
+    def __call__(self, target: nn.Module, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        x = _hidden(target, generator, _HIDDEN)
+        position_ids = torch.arange(_TOKENS, device=x.device)[None].expand(_BATCH, -1)
+        cos, sin = target.__dict__["_conformance_rotary"](x, position_ids, target.layer_type)
+        i = torch.arange(_TOKENS, device=x.device)
+        band = (i[None] <= i[:, None]) & (i[None] > i[:, None] - self.window)
+        keep = torch.ones(_BATCH, _TOKENS, dtype=torch.bool, device=x.device)
+        keep[0, :2] = False
+        mask = band[None, None] & keep[:, None, None, :]
+        mask[0, 0, :2, 0] = True  # padded queries keep one key, as transformers' sdpa masks do
+        return (x,), {"position_embeddings": (cos, sin), "attention_mask": mask}
+
+
 def _with_rotary(family: str, target: str, **overrides: Any
                  ) -> Callable[[torch.device, torch.dtype], tuple[nn.Module, str]]:
     def build(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
@@ -178,6 +198,11 @@ CORE_CASES: dict[str, tuple[ConformanceCase, ...]] = {
         # model's output must not change.
         ConformanceCase("sdpa", "LlamaModel", _in(_model("llama"), "model"), _ids_inputs, outputs=_last_hidden,
                         factor=2.0),
+    ),
+    "sliding_window_attention": (
+        # A 2-token window over 7 tokens: four query blocks, each over the keys its window reaches.
+        ConformanceCase("sdpa", "Gemma3Attention (sliding, window 2)",
+                        _with_rotary("gemma3_text", f"{_LAYER}.self_attn", sliding_window=2), _SlidingInputs(2)),
     ),
     "causal_lm_loss": (
         ConformanceCase("standard", "LlamaForCausalLM", _in(_model("llama"), ""), _loss_inputs, outputs=_loss,

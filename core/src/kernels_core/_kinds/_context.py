@@ -99,8 +99,11 @@ def plain_class_forward(module: nn.Module) -> Callable[..., Any]:
     return inspect.unwrap(type(module).forward)
 
 
-def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
-    """Why ``global_name`` in this module's forward cannot be rerouted per instance, or None if it can."""
+def reroute_blocker(module: nn.Module, global_name: str, *, function: bool = True) -> str | None:
+    """Why ``global_name`` in this module's forward cannot be rerouted per instance, or None if it can.
+
+    ``function=False`` accepts a global that is not callable itself (a registry the forward looks functions up in).
+    """
     problem = decorator_chain_problem(type(module).forward)
     if problem:
         return problem
@@ -109,7 +112,7 @@ def reroute_blocker(module: nn.Module, global_name: str) -> str | None:
         return f"the class forward does not call {global_name!r} directly"
     if instance_override(module) is not None:
         return f"{FOREIGN_FORWARD}; leaving it alone"
-    if not callable(forward.__globals__.get(global_name)):
+    if function and not callable(forward.__globals__.get(global_name)):
         return f"{global_name!r} is not a callable global of {forward.__module__}"
     return None
 

@@ -7,7 +7,7 @@ priorities of 100 and above, so on their hardware they win over these automatica
 Example:
     >>> from kernels_core._portable import SPECS
     >>> sorted(spec.kind for spec in SPECS)
-    ['causal_lm_loss', 'causal_mask', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp']
+    ['causal_lm_loss', 'causal_mask', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp', 'sliding_window_attention']
 """
 
 from __future__ import annotations
@@ -44,6 +44,18 @@ SPECS: tuple[KernelSpec, ...] = (
         dtypes=_ALL_FLOATS,
         description="under torch.compile, no dense causal mask where eager transformers passes none: SDPA's "
                     "is_causal kernels",
+    ),
+    KernelSpec(
+        id="any.sliding_window_attention.banded",
+        kind="sliding_window_attention",
+        variants=("sdpa",),
+        backend="any",
+        impl="kernels_core._portable._sliding_window:banded_sdpa",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="SDPA one window of queries at a time over the keys the window reaches (about S x 2W scores "
+                    "instead of S x S)",
     ),
     KernelSpec(
         # CPU only: on another backend it would take post-attention norms away from that backend's own RMSNorm
