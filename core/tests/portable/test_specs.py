@@ -40,6 +40,8 @@ CONVENTIONS = {
     "silu_gated_mlp": (["gate", "up"], set()),
     # transformers' create_causal_mask comes first (positional-only), then whatever the model passed to it.
     "causal_mask": ([], set()),
+    # transformers' sdpa_attention_forward comes first (positional-only), then the attention module's call.
+    "sliding_window_attention": (["module", "query", "key", "value", "attention_mask"], {"sliding_window"}),
 }
 
 

@@ -30,7 +30,7 @@ def _block(mask: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
     return mask[..., rows if mask.shape[-2] > 1 else slice(None), cols if mask.shape[-1] > 1 else slice(None)]
 
 
-def banded_sdpa(sdpa: Callable[..., Any], module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+def banded_sdpa(sdpa: Callable[..., Any], /, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, attention_mask: torch.Tensor | None, *args: Any,
                 sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """transformers' ``sdpa_attention_forward`` for a causal sliding-window layer, ``window`` queries at a time.
