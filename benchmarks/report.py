@@ -101,6 +101,14 @@ def _rows(data: dict, **match: object) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # The README's headline table: one row per result, short cells, ratios against the baseline of the same run.
 
+_MODEL_NAMES = {"qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
+                "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
+                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
+# models_bench results in the headline: (variant, baseline) pairs per file; the issue's targets are set this way.
+_MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
+                    "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
+
+
 def headline_rows(results: dict[str, dict]) -> list[dict]:
     """Headline results as dicts: what, device, against, speed, memory, commit, file (and ``ratio`` for the chart).
 
@@ -118,33 +126,32 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
         r = data["results"]
         tok = {name: v.get("steady_tokens_per_second") for name, v in r.items()}
         peak = {name: v.get("peak_memory_gib") for name, v in r.items()}
-        stem, c = "trainer-qwen3-0.6b-h100", _commit(data)
+        stem = "trainer-qwen3-0.6b-h100"
+        c = r["kernelize"].get("commit") or _commit(data)
+        c_compile = r["kernelize_compile"].get("commit") or _env(data).get("commit") or _commit(data)
         add(stem, "Trainer, Qwen3-0.6B shape: `KernelizeCallback`", "`use_liger_kernel=True`",
             tok["kernelize"] / tok["liger"],
             f"**{tok['kernelize'] / tok['liger']:.2f}x** ({_k(tok['kernelize'])} tok/s)",
             f"{peak['kernelize'] / peak['liger']:.2f}x ({peak['kernelize']:.1f} GiB)", c)
-        add(stem, "Trainer, Qwen3-0.6B shape: `KernelizeCallback`", "plain Trainer",
-            tok["kernelize"] / tok["plain"], f"{tok['kernelize'] / tok['plain']:.2f}x",
-            f"{peak['kernelize'] / peak['plain']:.2f}x", c)
         add(stem, "Trainer + `torch_compile`: `KernelizeCallback`", "plain Trainer + `torch_compile`",
             tok["kernelize_compile"] / tok["plain_compile"],
             f"**{tok['kernelize_compile'] / tok['plain_compile']:.2f}x** ({_k(tok['kernelize_compile'])} tok/s)",
-            f"{peak['kernelize_compile'] / peak['plain_compile']:.2f}x ({peak['kernelize_compile']:.1f} GiB)", c)
-    if "moe-h100" in results:
-        data = results["moe-h100"]
-        now, first = _run(data, "run2"), _run(data, "run1")
-        eager, kern = _rows(now, variant="eager"), _rows(now, variant="kernelize")
-        add("moe-h100", "MoE training, Qwen3-30B-A3B shape (4 layers): kernelize", "eager (`grouped_mm` experts)",
-            kern["tokens_per_s"] / eager["tokens_per_s"],
-            f"**{kern['tokens_per_s'] / eager['tokens_per_s']:.2f}x** ({_k(kern['tokens_per_s'])} tok/s)",
-            f"{kern['peak_GiB'] / eager['peak_GiB']:.2f}x ({kern['peak_GiB']:.1f} GiB)", _commit(now))
-        both, compile_ = _rows(now, variant="kernelize_compile"), _rows(first, variant="compile")
-        both1 = _rows(first, variant="kernelize_compile")
-        add("moe-h100", "MoE training, same shape: kernelize + compile", "`torch.compile`",
-            both["tokens_per_s"] / compile_["tokens_per_s"],
-            f"{both['tokens_per_s'] / compile_['tokens_per_s']:.2f}x-"
-            f"{both1['tokens_per_s'] / compile_['tokens_per_s']:.2f}x",
-            f"{both['peak_GiB'] / compile_['peak_GiB']:.2f}x", f"{_commit(now)}, {_commit(first)}")
+            f"{peak['kernelize_compile'] / peak['plain_compile']:.2f}x ({peak['kernelize_compile']:.1f} GiB)",
+            c_compile)
+    for stem, (label, pairs) in _MODELS_HEADLINE.items():
+        if stem not in results:
+            continue
+        data = results[stem]
+        for model in dict.fromkeys(row["model"] for row in data["rows"]):
+            by = {row["variant"]: row for row in data["rows"] if row["model"] == model and row.get("tokens_per_s")}
+            for variant, base in pairs:
+                if variant in by and base in by:
+                    ratio = by[variant]["tokens_per_s"] / by[base]["tokens_per_s"]
+                    add(stem, f"{label}, {_MODEL_NAMES.get(model, model)}: {variant.replace('_', ' + ')}",
+                        "eager" if base == "eager" else "`torch.compile`", ratio,
+                        f"**{ratio:.2f}x** ({_k(by[variant]['tokens_per_s'])} tok/s)",
+                        f"{by[variant]['peak_GiB'] / by[base]['peak_GiB']:.2f}x ({by[variant]['peak_GiB']:.1f} GiB)",
+                        _commit(data))
     if "decode-h100" in results:
         data = results["decode-h100"]
         rerun, prof = _run(data, "llama-dynamic-b1-rerun"), _run(data, "llama-profiled")
@@ -284,11 +291,12 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
         out["trainer-qwen3-0.6b-h100.svg"] = _bar_chart(
             "Trainer, Qwen3-0.6B shape, H100: steady tokens/s",
             [(name, v["steady_tokens_per_second"] / 1000) for name, v in r.items() if "error" not in v], "k")
-    if "moe-h100" in results:
-        rows = [(f"{row['variant']} ({run['name']})", row["tokens_per_s"] / 1000)
-                for run in results["moe-h100"]["runs"] for row in run["rows"]]
-        out["moe-h100.svg"] = _bar_chart("MoE, Qwen3-30B-A3B shape (4 layers), H100: tokens/s", rows, "k",
-                                         label_width=260)
+    for stem in ("moe-h100", "gemma-h100"):
+        if stem in results:
+            rows = [(f"{row['model']} {row['variant']}", row["tokens_per_s"] / 1000)
+                    for row in results[stem]["rows"] if row.get("tokens_per_s")]
+            out[f"{stem}.svg"] = _bar_chart(f"{results[stem].get('what', stem)[:60]}, H100: tokens/s", rows, "k",
+                                            label_width=300)
     if "decode-h100" in results:
         rows = [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
                 for run in results["decode-h100"]["runs"] if run["name"] != "llama-profiled"
@@ -323,16 +331,18 @@ def _trainer_section(data: dict, chart_dir: str | None) -> list[str]:
     return parts
 
 
-def _moe_section(data: dict, chart_dir: str | None) -> list[str]:
-    parts = ["## MoE experts, Qwen3-30B-A3B shape (`moe-h100.json`)", "",
-             f"{data.get('what', '')}. {data.get('note', '')}.", ""]
-    for run in data["runs"]:
-        parts += [f"**{run['name']}**: {_device(run)}, commit `{_commit(run)}`; {run.get('config', '')}.", "",
-                  _table(("variant", "tokens/s", "vs eager", "peak GiB", "first step s"),
-                         ((f"`{row['variant']}`", f"{row['tokens_per_s']:,}", f"{row.get('speed_vs_eager', '-')}",
-                           f"{row['peak_GiB']:.1f}", f"{row['first_step_s']:.1f}") for row in run["rows"])), ""]
+def _models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
+    parts = [f"## {data.get('what', stem)} (`{stem}.json`)", "",
+             f"{_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}. "
+             f"`benchmarks/cuda/models_bench.py`. {data.get('note', '')}", "",
+             _table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s"),
+                    ((row["model"], f"`{row['variant']}`", f"{row['tokens_per_s']:,}" if row.get("tokens_per_s")
+                      else "failed: " + (row.get("error") or row.get("process_error") or "?")[:60],
+                      row.get("speed_vs_eager", "-"), row.get("speed_vs_compile", "-"),
+                      f"{row['peak_GiB']:.1f}" if row.get("peak_GiB") else "-",
+                      f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-") for row in data["rows"])), ""]
     if chart_dir is not None:
-        parts += [f"![moe]({chart_dir}/moe-h100.svg)", ""]
+        parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts
 
 
@@ -364,8 +374,9 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     parts += ["## Against eager PyTorch", "", summary_table(results), ""]
     if "trainer-qwen3-0.6b-h100" in results:
         parts += _trainer_section(results["trainer-qwen3-0.6b-h100"], chart_dir)
-    if "moe-h100" in results:
-        parts += _moe_section(results["moe-h100"], chart_dir)
+    for stem in ("moe-h100", "gemma-h100"):
+        if stem in results:
+            parts += _models_section(stem, results[stem], chart_dir)
     if "decode-h100" in results:
         parts += _decode_section(results["decode-h100"], chart_dir)
     for stem, data in results.items():
