@@ -7,7 +7,6 @@ Not collected by pytest (no ``test_`` prefix).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels_core  # noqa: E402
 import reference_plugin  # noqa: E402
+import two_ranks  # noqa: E402
 from kernels_core import Mode  # noqa: E402
 from kernels_core.testing import fresh_plugin_manager  # noqa: E402
 from kernels_core.testing import tiny_causal_lm  # noqa: E402
@@ -149,10 +149,7 @@ def main() -> None:
         result = _run_tensor_parallel(out_dir)
     else:
         result = {order: _run(scenario, order) for order in ("eager", "before", "after")}
-    rank = dist.get_rank()
-    (out_dir / f"{scenario}-rank{rank}.json").write_text(json.dumps(result, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    two_ranks.finish(out_dir, scenario, dist.get_rank(), result)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ model and what the callback applied, as JSON. Not collected by pytest (no ``test
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,8 +16,10 @@ import torch
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels_core  # noqa: E402
+import two_ranks  # noqa: E402
 from _trainer_helpers import pad_collate  # noqa: E402
 from _trainer_helpers import step_losses  # noqa: E402
 from _trainer_helpers import token_dataset  # noqa: E402
@@ -95,11 +96,7 @@ def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)
     result = {which: _train(scenario, out_dir, which) for which in ("plain", "kernelized")}
-    rank = int(os.environ["RANK"])
-    (out_dir / f"{scenario}-rank{rank}.json").write_text(json.dumps(result, indent=1))
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    two_ranks.finish(out_dir, scenario, int(os.environ["RANK"]), result)
 
 
 if __name__ == "__main__":
