@@ -11,12 +11,11 @@ autotuning and torch.compile all land there).
 
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
 ``hf_grouped_mm`` (``experts_implementation`` set explicitly, MoE shapes only), ``liger`` (Liger's model patch, as
-the Trainer's ``use_liger_kernel`` applies it), ``kernelize``,
-``compile``, ``kernelize_compile``, ``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under
-another row name: ``kernelize@warm`` after ``kernelize`` times the first step with Triton's on-disk kernel cache
-filled, as every run after the first on a machine finds it; a modifier ``+chunk<N>`` sets the fused loss's token
-chunks to about N rows. ``--profile`` adds the GPU time per kernel of one
-more step to each row.
+the Trainer's ``use_liger_kernel`` applies it), ``kernelize``, ``compile``, ``kernelize_compile``,
+``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name: ``kernelize@warm`` after
+``kernelize`` times the first step with Triton's on-disk kernel cache filled, as every run after the first on a
+machine finds it; a modifier ``+chunk<N>`` sets the fused loss's token chunks to about N rows. ``--profile`` adds
+the GPU time per kernel of one more step to each row.
 """
 
 from __future__ import annotations
@@ -79,16 +78,15 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
         return model_cls(config).to(dtype)
 
 
-def prepare(model, variant: str) -> tuple[object, str]:
-    variant, *modifiers = variant.split("+")
+def prepare(model, variant: str, modifiers: list[str]) -> tuple[object, str]:
     for modifier in modifiers:
         if not modifier.startswith("chunk"):
             raise ValueError(f"unknown variant modifier {modifier!r}; expected chunk<N>")
         from _common import set_loss_chunk_rows
 
         set_loss_chunk_rows(modifier)
-    experts = getattr(model.config, "_experts_implementation", None)
-    how = f"experts_implementation={experts}" if experts else ""
+    moe = any(hasattr(model.config, key) for key in ("num_experts", "num_local_experts"))
+    how = f"experts_implementation={model.config._experts_implementation}" if moe else ""
     if variant == "liger":
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
@@ -108,13 +106,12 @@ def prepare(model, variant: str) -> tuple[object, str]:
 
 def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tuple[int, int],
           profile: bool = False) -> dict:
-    variant = row_name.split("@")[0]
-    base = variant.split("+")[0]
+    base, *modifiers = row_name.split("@")[0].split("+")
     experts = {"hf_eager": "eager", "hf_grouped_mm": "grouped_mm",
                "hf_grouped_mm_compile": "grouped_mm"}.get(base)
     model = build(model_name, experts=experts)
     model.train()
-    runner, how = prepare(model, variant)
+    runner, how = prepare(model, base, modifiers)
     from _common import train_steps
 
     gen = torch.Generator(device="cuda").manual_seed(1)
