@@ -1,19 +1,28 @@
-"""Qwen3-0.6B-shape training under FSDP2 (and DDP) on several GPUs: eager against kernelize called before and
-after wrapping. Every variant runs in the same torchrun job, one after the other, from the same seeds and data.
+"""Training under FSDP2 (and DDP) on several GPUs: eager against kernelize called before and after wrapping, and
+torch.compile per decoder layer with and without kernelize. Every variant runs in the same torchrun job, one after
+the other, from the same seeds and data; ``--nprocs`` repeats the job at several GPU counts and reports scaling.
 
     torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --out /tmp/out/cuda-distributed.json
+    python benchmarks/cuda/distributed_bench.py --nprocs 1,2 --variants eager,kernelize_before \
+        --out benchmarks/results/distributed-2xh200.json                      # scaling at 1 and 2 GPUs
+    torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --model qwen3-30b-a3b-4l --batch 2 \
+        --seq 4096 --variants eager,kernelize_before,compile,kernelize_compile --out /tmp/moe.json
     torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --out /tmp/x.json --device cpu --tiny  # smoke
 
-Variants: ``eager`` (FSDP2: ``fully_shard`` on each decoder layer, then on the root; parameters already bf16, so
-no mixed-precision policy), ``kernelize_before`` (``kernelize(mode=TRAINING)`` then ``fully_shard``),
-``kernelize_after`` (``fully_shard`` then ``kernelize``), and the same three under DDP (``ddp_eager``,
-``ddp_kernelize_before``, ``ddp_kernelize_after``). Batch 4 x 2048 tokens per rank, AdamW(fused, lr 1e-5) as in
-``qwen3_bench.py``. Measured per variant: global tokens/s over the timed steps (after warm-up, between
-synchronise + barrier), peak allocated GiB per rank over the timed steps, the loss of every step (mean over ranks),
-and from ``get_report``: the kernel each layer kind got and what was declined, and why. Rank 0 writes the JSON
-(rewritten after every variant, so a later hang still leaves the earlier results) and prints a table and the
-targets: kernelize in either order >= 1.10x eager tokens/s, <= 0.40x its peak, losses within 1e-3 relative, and
-before/after within 3% of each other with identical kernel choices.
+Models: ``qwen3-0.6b`` (default) or any shape of ``models_bench.py`` (``qwen3-30b-a3b-4l``, ``mixtral-8x7b-2l``,
+``gemma-3-4b-6l``, ``llama-3.1-8b-4l``), bf16 parameters, sdpa. Variants: ``eager`` (FSDP2: ``fully_shard`` on
+each decoder layer, then on the root; parameters already bf16, so no mixed-precision policy),
+``kernelize_before`` (``kernelize(mode=TRAINING)`` then ``fully_shard``), ``kernelize_after`` (``fully_shard``
+then ``kernelize``), ``compile`` and ``kernelize_compile`` (``torch.compile`` on each decoder layer before
+``fully_shard``, the usual FSDP2 recipe; the latter kernelized with ``TRAINING | TORCH_COMPILE`` first), and
+``ddp_eager``, ``ddp_kernelize_before``, ``ddp_kernelize_after`` under DDP. Batch 4 x 2048 tokens per rank by
+default, AdamW(fused, lr 1e-5) as in ``qwen3_bench.py``. Measured per variant: global tokens/s over the timed steps
+(after warm-up, between synchronise + barrier), the first step's seconds, peak allocated GiB per rank over the
+timed steps, the loss of every step (mean over ranks), and from ``get_report``: the kernel each layer kind got and
+what was declined, and why. Rank 0 writes the JSON (rewritten after every variant, so a later hang still leaves
+the earlier results) and prints a table and the targets: kernelize in either order >= 1.15x eager tokens/s,
+<= 0.45x its peak per rank, losses within 1e-3 relative, and before/after within 3% of each other with identical
+kernel choices. With ``--nprocs``, the scaling efficiency per variant (tokens/s per GPU at N GPUs over 1 GPU's).
 
 ``--device cpu`` runs on gloo (no timing or memory worth reading; peak memory is not measured): a smoke test of
 the script and of kernelize under FSDP2/DDP on a machine without GPUs. ``--tiny`` shrinks the model and batch.
@@ -25,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -46,17 +57,27 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
     "eager": ("fsdp", None),
     "kernelize_before": ("fsdp", "before"),
     "kernelize_after": ("fsdp", "after"),
+    "compile": ("fsdp", None),
+    "kernelize_compile": ("fsdp", "before"),
     "ddp_eager": ("ddp", None),
     "ddp_kernelize_before": ("ddp", "before"),
     "ddp_kernelize_after": ("ddp", "after"),
 }
+DEFAULT_VARIANTS = ("eager", "kernelize_before", "kernelize_after", "ddp_eager", "ddp_kernelize_before",
+                    "ddp_kernelize_after")
+COMPILED = {"compile", "kernelize_compile"}
 BASELINE = {"fsdp": "eager", "ddp": "ddp_eager"}
 # A smoke-test size: every code path of the real run in seconds on CPU (vocab divisible by the world size).
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=256)
+# The same for the other families' extra sizes (experts, sliding window).
+TINY_EXTRA = {"qwen3_moe": dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2),
+              "mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "gemma3_text": dict(sliding_window=64),
+              "llama": {}}
+DEFAULT_MODEL = "qwen3-0.6b"
 
-TARGET_SPEEDUP = 1.10
-TARGET_PEAK = 0.40
+TARGET_SPEEDUP = 1.15
+TARGET_PEAK = 0.45
 TARGET_LOSS_REL = 1e-3
 TARGET_BEFORE_AFTER = 0.03
 
@@ -119,22 +140,57 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def baseline(name: str) -> str:
+    """The eager run a variant is compared with: compile for kernelize_compile, else the same wrapper's eager."""
+    return "compile" if name == "kernelize_compile" else BASELINE[VARIANTS[name][0]]
+
+
+def build_model(name: str, *, tiny: bool, device: torch.device) -> torch.nn.Module:
+    """A seeded bf16 model of the Qwen3-0.6B shape or of one of ``models_bench.MODELS``."""
+    if name == DEFAULT_MODEL:
+        from qwen3_bench import build
+
+        return build(seed=0, device=str(device), **(TINY if tiny else {}))
+    import models_bench
+
+    overrides = {**TINY, **TINY_EXTRA[models_bench.MODELS[name]["family"]]} if tiny else {}
+    return models_bench.build(name, device=str(device), **overrides)
+
+
+def vocab_size(name: str, *, tiny: bool) -> int:
+    if tiny:
+        return TINY["vocab_size"]
+    if name == DEFAULT_MODEL:
+        from qwen3_bench import QWEN3_0_6B
+
+        return QWEN3_0_6B["vocab_size"]
+    import models_bench
+
+    return models_bench.MODELS[name]["vocab_size"]
+
+
 def run_variant(name: str, args: argparse.Namespace, device: torch.device, batches: torch.Tensor) -> dict[str, Any]:
     import kernels_core
-    from qwen3_bench import build
 
     how, order = VARIANTS[name]
+    compiled = name in COMPILED
     world = dist.get_world_size()
     _free(device)
-    result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order}
+    result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order, "compiled": compiled}
     if device.type == "cuda":
         # What the previous variant left behind: should be ~0, or the peaks below are not comparable.
         result["allocated_at_start_GiB"] = round(torch.cuda.memory_allocated(device) / GIB, 4)
 
-    model = build(seed=0, device=str(device), **(TINY if args.tiny else {}))
+    model = build_model(args.model, tiny=args.tiny, device=device)
     model.train()
     if order == "before":
-        kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
+        mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
+        kernels_core.kernelize(model, mode=mode)
+    if compiled:
+        # Each decoder layer compiled on its own, then sharded: FSDP2's hooks stay outside the compiled graphs.
+        layers = model.model.layers
+        for index, layer in enumerate(layers):
+            layers[index] = torch.compile(layer)
     runner = wrap(model, how, device)
     if order == "after":
         kernels_core.kernelize(runner, mode=kernels_core.Mode.TRAINING)
@@ -158,8 +214,13 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    _sync(device)
+    first = time.perf_counter()
     for i in range(args.warmup):
         losses.append(step(batches[i]))
+        if i == 0:
+            _sync(device)
+            result["first_step_s"] = round(time.perf_counter() - first, 2)
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -214,7 +275,7 @@ def compare(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each kernelized variant against the eager run of the same wrapper."""
     ratios = {}
     for name, row in rows.items():
-        base = rows.get(BASELINE[row["wrapper"]])
+        base = rows.get(baseline(name))
         if row["kernelize"] is None or base is None or "error" in row or "error" in base:
             continue
         ratios[name] = {
@@ -239,16 +300,22 @@ def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
         out.append({"name": name, "value": value, "target": target, "met": bool(met)})
 
     for name in ("kernelize_before", "kernelize_after"):
+        if name not in rows:
+            continue
         r = ratios.get(name, {})
         speed, peak, loss = r.get("tokens_per_s"), r.get("peak"), r.get("max_rel_loss_diff")
         add(f"{name} tokens/s vs eager", speed, f">= {TARGET_SPEEDUP}", speed is not None and speed >= TARGET_SPEEDUP)
         add(f"{name} peak vs eager", peak, f"<= {TARGET_PEAK}", peak is not None and peak <= TARGET_PEAK)
         add(f"{name} max relative loss difference vs eager", loss, f"<= {TARGET_LOSS_REL}",
             loss is not None and loss <= TARGET_LOSS_REL)
+    if "kernelize_compile" in ratios:
+        r = ratios["kernelize_compile"]
+        add("kernelize_compile max relative loss difference vs compile", r["max_rel_loss_diff"],
+            f"<= {TARGET_LOSS_REL}", r["max_rel_loss_diff"] <= TARGET_LOSS_REL)
     for prefix in ("", "ddp_"):
         before, after = rows.get(f"{prefix}kernelize_before"), rows.get(f"{prefix}kernelize_after")
-        if prefix and (before is None or after is None):
-            continue  # the DDP pair is optional
+        if before is None or after is None:
+            continue  # a pair is compared only when both orders ran
         ok = before is not None and after is not None and "error" not in before and "error" not in after
         ratio = _ratio(before["tokens_per_s"], after["tokens_per_s"]) if ok else None
         add(f"{prefix}kernelize_before / {prefix}kernelize_after tokens/s", ratio, f"within {TARGET_BEFORE_AFTER:.0%}",
@@ -304,11 +371,113 @@ def print_table(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any
         print(f"[{'ok' if check['met'] else 'MISSED'}] {check['name']}: {check['value']} (target {check['target']})")
 
 
+def _child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
+    """This job's options for one torchrun at one GPU count."""
+    argv = ["--out", str(out), "--model", args.model, "--variants", args.variants, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats)]
+    argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report)) if on]
+    argv += [item for key in ("batch", "seq") if getattr(args, key) for item in (f"--{key}", str(getattr(args, key)))]
+    return argv
+
+
+def scaling(runs: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant: tokens/s per GPU at each count and its efficiency against the smallest count's."""
+    counts = sorted(runs)
+    out: dict[str, dict[str, Any]] = {}
+    for name in {name for run in runs.values() for name in run.get("variants", {})}:
+        per_gpu = {n: runs[n]["variants"][name]["tokens_per_s"] / n for n in counts
+                   if "tokens_per_s" in runs[n].get("variants", {}).get(name, {})}
+        if not per_gpu:
+            continue
+        first = min(per_gpu)
+        out[name] = {"tokens_per_s_per_gpu": {str(n): round(v) for n, v in per_gpu.items()},
+                     "efficiency": {str(n): round(v / per_gpu[first], 4) for n, v in per_gpu.items()},
+                     "relative_to_gpus": first}
+    return out
+
+
+def scaling_targets(table: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kernelized variants scale no worse than their eager baseline (1% of slack for run-to-run noise)."""
+    out = []
+    for name, row in sorted(table.items()):
+        if VARIANTS[name][1] is None or baseline(name) not in table:
+            continue
+        base = table[baseline(name)]["efficiency"]
+        for n, value in row["efficiency"].items():
+            if n in base and int(n) != row["relative_to_gpus"]:
+                out.append({"name": f"{name} scaling efficiency at {n} GPUs vs {baseline(name)}'s",
+                            "value": [value, base[n]], "target": ">= baseline's - 0.01",
+                            "met": value >= base[n] - 0.01})
+    return out
+
+
+def scale(args: argparse.Namespace, counts: list[int]) -> int:
+    """Run the job under torchrun at each GPU count; one file with every count, scaling and a chart."""
+    from _common import write_json
+
+    runs: dict[int, dict[str, Any]] = {}
+    failed = False
+    for n in counts:
+        part = args.out.with_name(f".{args.out.stem}-{n}.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), __file__,
+               *_child_args(args, part)]
+        print(f"== {n} processes: {' '.join(cmd)}", flush=True)
+        failed |= subprocess.run(cmd, check=False).returncode != 0
+        try:
+            runs[n] = json.loads(part.read_text())
+        except (OSError, ValueError) as exc:
+            runs[n] = {"error": f"no result from the {n}-process job: {exc}"}
+            failed = True
+    table = scaling(runs)
+    checks = [{**c, "name": f"{n} GPUs: {c['name']}"} for n, run in runs.items() for c in run.get("targets", [])]
+    checks += scaling_targets(table)
+    largest = runs[max(counts)]
+    write_json(args.out, {"environment": largest.get("environment"), "model": args.model,
+                          "config": largest.get("config"), "steps_timed": args.steps, "steps_warmup": args.warmup,
+                          "runs": {str(n): run for n, run in runs.items()}, "scaling": table, "targets": checks,
+                          "all_targets_met": all(c["met"] for c in checks)})
+    for name, row in sorted(table.items()):
+        print(f"{name:20} tokens/s per GPU {row['tokens_per_s_per_gpu']}  efficiency {row['efficiency']}")
+    for check in checks:
+        print(f"[{'ok' if check['met'] else 'MISSED'}] {check['name']}: {check['value']} (target {check['target']})")
+    _chart(runs, table, args.out.with_suffix(".png"), args.model)
+    print(f"wrote {args.out}", flush=True)
+    return 1 if failed else 0
+
+
+def _chart(runs: dict[int, dict[str, Any]], table: dict[str, dict[str, Any]], path: pathlib.Path,
+           model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, row in sorted(table.items()):
+        counts = [int(n) for n in row["tokens_per_s_per_gpu"]]
+        left.plot(counts, list(row["tokens_per_s_per_gpu"].values()), marker="o", label=name)
+        peaks = [runs[n]["variants"][name].get("peak_GiB") for n in counts]
+        right.plot(counts, [p or 0 for p in peaks], marker="o", label=name)
+    for axis, label in ((left, "tokens/s per GPU"), (right, "peak GiB per rank")):
+        axis.set_xlabel("GPUs")
+        axis.set_ylabel(label)
+        axis.set_xticks(sorted(runs))
+        axis.legend(fontsize=8)
+    fig.suptitle(f"FSDP2 training, {model} shape")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path, required=True)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} or a models_bench.py shape")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--nprocs", help="comma-separated GPU counts (e.g. 1,2,4): run the job under torchrun at "
+                                         "each and write one file with every count and the scaling efficiency")
+    parser.add_argument("--steps", type=int, default=17, help="timed steps (with the warm-up: 20 losses compared)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (Triton compiles, AdamW states)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 1024-token-vocabulary model, batch 2 x 128")
@@ -323,22 +492,29 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     sys.path.insert(0, str(HERE))
+    import models_bench
+
+    if args.model != DEFAULT_MODEL and args.model not in models_bench.MODELS:
+        parser.error(f"unknown model {args.model!r}; choose from {[DEFAULT_MODEL, *models_bench.MODELS]}")
+    if args.nprocs:
+        sys.exit(scale(args, [int(n) for n in args.nprocs.split(",")]))
     from _common import write_json
-    from qwen3_bench import QWEN3_0_6B
 
     device = setup(args.device)
     rank = dist.get_rank()
     batch = args.batch or (2 if args.tiny else 4)
     seq = args.seq or (128 if args.tiny else 2048)
-    vocab = (TINY if args.tiny else QWEN3_0_6B)["vocab_size"]
+    vocab = vocab_size(args.model, tiny=args.tiny)
     # Different data per rank, the same per variant: one generator seeded by the rank, drawn once for all variants.
     generator = torch.Generator(device=device).manual_seed(1000 + rank)
     batches = torch.randint(0, vocab, (args.warmup + args.steps, batch, seq), device=device, generator=generator)
 
     payload: dict[str, Any] = {
         "environment": environment_record(device),
-        "config": (f"Qwen3-0.6B shape{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
+        "model": args.model,
+        "config": (f"{args.model} shape{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
                    "FSDP2 fully_shard per decoder layer then root, no mixed-precision policy / DDP; "
+                   "compile variants: torch.compile per decoder layer before fully_shard; "
                    f"AdamW(fused on CUDA, lr 1e-5); batch {batch} x {seq} per rank; seeds: model 0, data 1000 + rank"),
         "steps_timed": args.steps,
         "steps_warmup": args.warmup,

@@ -1,15 +1,22 @@
 """transformers' Trainer on the Qwen3-0.6B shape (bf16, batch 4 x 2048, AdamW): plain, use_liger_kernel=True,
 KernelizeCallback(), and each again with torch_compile=True, each variant in a fresh process (Liger patches
 process-wide). Tokens/s from the Trainer's own metrics (train_tokens_per_second over the whole run) and over the
-steps after warm-up (from step timestamps), peak GPU memory, the loss of every step.
+steps after warm-up (from step timestamps), peak GPU memory (per rank), the loss of every step.
 
     python benchmarks/cuda/trainer_bench.py --out benchmarks/results/trainer-qwen3-0.6b-h100.json [--steps 20]
+    python benchmarks/cuda/trainer_bench.py --nproc 2 --variants plain,liger,kernelize \
+        --out benchmarks/results/trainer-fsdp2-qwen3-0.6b-2xh200.json
+
+``--nproc N`` (N > 1) runs each variant under ``torchrun`` on N GPUs with the Trainer's own FSDP2 (accelerate,
+``fsdp="full_shard"``, ``fsdp_config={"fsdp_version": 2}``, one unit per decoder layer); batch 4 x 2048 per
+rank, tokens/s over all ranks, the logged loss is the Trainer's mean over ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -20,7 +27,9 @@ VARIANTS = ["plain", "liger", "kernelize", "plain_compile", "liger_compile", "ke
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def run_variant(variant: str, steps: int, warmup: int, output_dir: str) -> dict:
+def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False) -> dict:
+    import os
+
     import torch
     from transformers import Trainer
     from transformers import TrainerCallback
@@ -42,11 +51,18 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str) -> dict:
 
         callbacks.append(KernelizeCallback())
     batch, seq = 4, 2048
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": (ids := torch.randint(0, 151936, (seq,), generator=g)), "labels": ids}
-            for _ in range(batch * steps)]
-    model = build()
-    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=batch, max_steps=steps,
+            for _ in range(batch * steps * world)]
+    if fsdp:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    model = build(device=f"cuda:{torch.cuda.current_device()}")
+    wrapping = {}
+    if fsdp:
+        wrapping = dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2, "reshard_after_forward": True,
+                                                         "transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"]})
+    args = TrainingArguments(**wrapping, output_dir=output_dir, per_device_train_batch_size=batch, max_steps=steps,
                              logging_steps=1, learning_rate=1e-5, optim="adamw_torch_fused", bf16=True,
                              report_to=[], save_strategy="no", seed=0, disable_tqdm=True,
                              include_num_input_tokens_seen=True,
@@ -54,14 +70,23 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str) -> dict:
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     torch.cuda.reset_peak_memory_stats()
     output = trainer.train()
-    tokens = batch * seq
+    tokens = batch * seq * world
     steady = (len(stamps) - warmup - 1) * tokens / (stamps[-1] - stamps[warmup])
+    peaks = [torch.cuda.max_memory_allocated() / 2**30]
+    if world > 1:
+        import torch.distributed as dist
+
+        peaks = [0.0] * world
+        dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() / 2**30)
     result = {
         "variant": variant,
+        "world_size": world,
+        "wrapper": type(trainer.model_wrapped).__name__,
         # The Trainer's own count of input tokens over its own train_runtime (whole run, warm-up included).
         "train_tokens_per_second": trainer.state.num_input_tokens_seen / output.metrics["train_runtime"],
         "steady_tokens_per_second": steady,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_memory_gib": max(peaks),
+        "peak_memory_gib_per_rank": peaks,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
     }
     if variant.startswith("kernelize"):
@@ -76,10 +101,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--nproc", type=int, default=1, help="GPUs; more than 1 runs the Trainer under FSDP2")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.one:
-        print("RESULT " + json.dumps(run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}")))
+        result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.nproc > 1)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("RESULT " + json.dumps(result))
         return 0
     sys.path.insert(0, str(HERE))
     import matplotlib
@@ -91,8 +119,14 @@ def main() -> int:
 
     results = {}
     for variant in opts.variants.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--out", str(opts.out), "--steps", str(opts.steps),
-                               "--warmup", str(opts.warmup), "--one", variant], capture_output=True, text=True)
+        launcher = [sys.executable]
+        if opts.nproc > 1:
+            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.nproc)]
+        proc = subprocess.run([*launcher, __file__, "--out", str(opts.out), "--steps", str(opts.steps),
+                               "--warmup", str(opts.warmup), "--nproc", str(opts.nproc), "--one", variant],
+                              capture_output=True, text=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0",
+                                                                   "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                                                                   "NVSHMEM_DISABLE_NVLS": "1"})
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             results[variant] = {"variant": variant, "error": proc.stderr[-3000:]}
@@ -122,7 +156,10 @@ def main() -> int:
         "max_rel_loss_gap_liger_vs_plain": loss_gap("liger", "plain"),
     }
     print(json.dumps(summary, indent=2))
-    write_json(opts.out, {"environment": environment(), "shape": "Qwen3-0.6B, bf16, batch 4 x 2048, AdamW (fused)",
+    shape = "Qwen3-0.6B, bf16, batch 4 x 2048 per GPU, AdamW (fused)"
+    if opts.nproc > 1:
+        shape += f"; {opts.nproc} GPUs, the Trainer's FSDP2 (accelerate, fsdp_version 2, per decoder layer)"
+    write_json(opts.out, {"environment": {**environment(), "world_size": opts.nproc}, "shape": shape,
                           "steps": opts.steps, "warmup_steps": opts.warmup, "summary": summary,
                           "results": results})
     ok = [r for r in results.values() if "losses" in r]
@@ -135,7 +172,7 @@ def main() -> int:
     right.set_xlabel("step")
     right.set_ylabel("loss")
     right.legend()
-    fig.suptitle("Trainer, Qwen3-0.6B shape, bf16, 4 x 2048")
+    fig.suptitle(f"Trainer, Qwen3-0.6B shape, bf16, 4 x 2048 per GPU, {opts.nproc} GPU(s)")
     fig.tight_layout()
     fig.savefig(opts.out.with_suffix(".png"), dpi=110)
     return 0

@@ -128,7 +128,20 @@ def test_tensor_parallel_losses_match_eager(device):
     assert ": OK;" in stdout, stdout
 
 
-@pytest.mark.parametrize("worker", ["train_worker.py", "device_map_worker.py", "tp_worker.py"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("wrapper", ["fsdp", "ddp"])
+def test_trainer_callback_under_fsdp2_and_ddp(wrapper, dtype):
+    """transformers' Trainer wraps the model itself (accelerate's FSDP2, or DDP) with KernelizeCallback: every
+    expected kind applied, the fused loss owns the loss, 20 logged losses equal to the plain Trainer's. GPU only;
+    the CPU/gloo version is core/tests/integrations/test_trainer_distributed.py."""
+    if reason := _skip_reason("cuda", distributed=True):
+        pytest.skip(reason)
+    pytest.importorskip("accelerate")
+    stdout = _run(["trainer_worker.py", "--wrap", wrapper, "--dtype", dtype], torchrun=True)
+    assert ": OK;" in stdout, stdout
+
+
+@pytest.mark.parametrize("worker", ["train_worker.py", "device_map_worker.py", "tp_worker.py", "trainer_worker.py"])
 def test_worker_scripts_parse_arguments(worker):
     """On any machine: the workers import (their shared helper included) and parse their arguments."""
     proc = subprocess.run([sys.executable, worker, "--help"], cwd=WORKERS, capture_output=True, text=True, timeout=120)
