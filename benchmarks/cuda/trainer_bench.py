@@ -4,10 +4,10 @@ process-wide). Tokens/s from the Trainer's own metrics (train_tokens_per_second 
 steps after warm-up (from step timestamps), peak GPU memory (per rank), the loss of every step.
 
     python benchmarks/cuda/trainer_bench.py --out benchmarks/results/trainer-qwen3-0.6b-h100.json [--steps 20]
-    python benchmarks/cuda/trainer_bench.py --nproc 2 --variants plain,liger,kernelize \
+    python benchmarks/cuda/trainer_bench.py --gpus 2 --variants plain,liger,kernelize \
         --out benchmarks/results/trainer-fsdp2-qwen3-0.6b-2xh200.json
 
-``--nproc N`` (N > 1) runs each variant under ``torchrun`` on N GPUs with the Trainer's own FSDP2 (accelerate,
+``--gpus N`` (N > 1) runs each variant under ``torchrun`` on N GPUs with the Trainer's own FSDP2 (accelerate,
 ``fsdp="full_shard"``, ``fsdp_config={"fsdp_version": 2}``, one unit per decoder layer); batch 4 x 2048 per
 rank, tokens/s over all ranks, the logged loss is the Trainer's mean over ranks.
 """
@@ -101,11 +101,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--nproc", type=int, default=1, help="GPUs; more than 1 runs the Trainer under FSDP2")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs; more than 1 runs the Trainer under FSDP2")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.one:
-        result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.nproc > 1)
+        result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.gpus > 1)
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result))
         return 0
@@ -120,10 +120,10 @@ def main() -> int:
     results = {}
     for variant in opts.variants.split(","):
         launcher = [sys.executable]
-        if opts.nproc > 1:
-            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.nproc)]
+        if opts.gpus > 1:
+            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.gpus)]
         proc = subprocess.run([*launcher, __file__, "--out", str(opts.out), "--steps", str(opts.steps),
-                               "--warmup", str(opts.warmup), "--nproc", str(opts.nproc), "--one", variant],
+                               "--warmup", str(opts.warmup), "--gpus", str(opts.gpus), "--one", variant],
                               capture_output=True, text=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0",
                                                                    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                                                                    "NVSHMEM_DISABLE_NVLS": "1"})
@@ -157,9 +157,9 @@ def main() -> int:
     }
     print(json.dumps(summary, indent=2))
     shape = "Qwen3-0.6B, bf16, batch 4 x 2048 per GPU, AdamW (fused)"
-    if opts.nproc > 1:
-        shape += f"; {opts.nproc} GPUs, the Trainer's FSDP2 (accelerate, fsdp_version 2, per decoder layer)"
-    write_json(opts.out, {"environment": {**environment(), "world_size": opts.nproc}, "shape": shape,
+    if opts.gpus > 1:
+        shape += f"; {opts.gpus} GPUs, the Trainer's FSDP2 (accelerate, fsdp_version 2, per decoder layer)"
+    write_json(opts.out, {"environment": {**environment(), "world_size": opts.gpus}, "shape": shape,
                           "steps": opts.steps, "warmup_steps": opts.warmup, "summary": summary,
                           "results": results})
     ok = [r for r in results.values() if "losses" in r]
@@ -172,7 +172,7 @@ def main() -> int:
     right.set_xlabel("step")
     right.set_ylabel("loss")
     right.legend()
-    fig.suptitle(f"Trainer, Qwen3-0.6B shape, bf16, 4 x 2048 per GPU, {opts.nproc} GPU(s)")
+    fig.suptitle(f"Trainer, Qwen3-0.6B shape, bf16, 4 x 2048 per GPU, {opts.gpus} GPU(s)")
     fig.tight_layout()
     fig.savefig(opts.out.with_suffix(".png"), dpi=110)
     return 0

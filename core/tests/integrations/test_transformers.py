@@ -244,3 +244,34 @@ def test_liger_and_the_callback_together_are_refused(tmp_path, pm):
     with pytest.raises(ValueError, match="use_liger_kernel=True.*use one of them"):
         callback.on_train_begin(args, None, None, model=model)
     assert kernels_core.get_report(model) is None
+
+
+def test_a_model_the_trainer_places_later_gets_kernels_for_the_training_device():
+    """Under FSDP the Trainer leaves the model on the CPU until accelerate shards it onto the GPUs, after
+    ``on_init_end``: the callback chooses kernels for ``args.device``, not for the CPU the parameters sit on.
+
+    A test plugin reports two emulated CUDA devices and a CUDA RMSNorm kernel whose implementation is the core's
+    reference (plain torch), so the choice is visible in the report on a CPU-only machine.
+    """
+    spec = KernelSpec(id="gpu.rms_norm.reference", kind="rms_norm", variants=("standard",), backend="cuda",
+                      impl="kernels_core._kinds._reference:rms_norm", priority=90,
+                      supports=Supports.BACKWARD | Supports.TORCH_COMPILE)
+    gpus = kernels_core.BackendInfo(backend="cuda", device_type="cuda", priority=10,
+                                    devices=(kernels_core.DeviceInfo(0, "emulated GPU"),
+                                             kernels_core.DeviceInfo(1, "emulated GPU")))
+    plugin = types.ModuleType("plugin_emulated_gpu")
+    plugin.kernels_core_kernels = hookimpl(lambda: [spec])
+    plugin.kernels_core_detect_devices = hookimpl(lambda: [gpus])
+    pm = fresh_plugin_manager((plugin, "emulated_gpu"))
+    model = tiny_causal_lm("qwen3")
+    callback = KernelizeCallback(plugin_manager=pm)
+    fsdp_rank1 = types.SimpleNamespace(device=torch.device("cuda", 1), use_liger_kernel=False, torch_compile=False)
+    callback.on_init_end(fsdp_rank1, None, None, model=model)
+    norms = [e for e in kernels_core.get_report(model).entries if e.kind == "rms_norm" and e.applied]
+    assert norms and {(e.kernel, e.device) for e in norms} == {("gpu.rms_norm.reference", "cuda:1")}
+    # On a CPU Trainer (and whenever the model already sits on its device) each module's own device decides.
+    kernels_core.unkernelize(model)
+    on_cpu = types.SimpleNamespace(device=torch.device("cpu"), use_liger_kernel=False, torch_compile=False)
+    callback.on_init_end(on_cpu, None, None, model=model)
+    norms = [e for e in kernels_core.get_report(model).entries if e.kind == "rms_norm" and e.applied]
+    assert norms and all(e.device == "cpu" and not e.kernel.startswith("gpu.") for e in norms)

@@ -146,7 +146,7 @@ def main() -> None:
     kernels_core.kernelize(model, mode=kernels_core.Mode.INFERENCE)
     report = kernels_core.get_report(model)
     print(report.table(), flush=True)
-    check_report(report, args.device, what="device_map")
+    check_report(report, args.device, what="device_map", inference=True)
     if args.device == "cuda":
         devices = {e.device for e in report.entries}
         check({"cuda:0", "cuda:1"} <= devices, f"report resolves modules on {devices}, expected both GPUs", report)

@@ -1,7 +1,9 @@
 """``KernelizeCallback``: kernelize the model a transformers ``Trainer`` (or a TRL trainer) trains.
 
-The callback kernelizes in ``on_init_end``, at the end of ``Trainer.__init__``, when the model is on its device
-but nothing has wrapped it yet. What the Trainer adds later keeps calling the kernels: accelerate's
+The callback kernelizes in ``on_init_end``, at the end of ``Trainer.__init__``, when nothing has wrapped the model
+yet. The model is usually on its device by then; under FSDP (and other setups where accelerate places the
+model itself) it is still on the CPU, and kernels are chosen for the device the Trainer trains on
+(``args.device``). What the Trainer adds later keeps calling the kernels: accelerate's
 mixed-precision wrapper (``bf16=True``) wraps the kernelized forward, DDP and FSDP2 are handled by kernelize in
 either order, ``torch.compile`` traces the kernels at the first step, and TRL's fused LM head, patched in after
 ``Trainer.__init__``, wraps the kernelized forward. Had the callback waited for ``on_train_begin`` (which in
@@ -19,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from transformers.trainer_callback import TrainerCallback
 from transformers.utils import logging as hf_logging
@@ -27,12 +30,15 @@ from .._config import ConfigError
 from .._config import KernelsConfig
 from .._config import load_config
 from .._kernelize import REPORT_ATTR
+from .._kernelize import _find_backend
 from .._kernelize import get_report
 from .._kernelize import kernelize
 from .._kinds._context import forward_slot
 from .._manager import KernelsPluginManager
+from .._manager import get_plugin_manager
 from .._report import KernelizeReport
 from .._resolve import KernelizeError
+from .._types import BackendInfo
 from .._types import Mode
 
 
@@ -123,6 +129,32 @@ def _annotate_trl(model: nn.Module) -> None:
     model.__dict__[REPORT_ATTR] = dataclasses.replace(report, entries=tuple(entries))
 
 
+def training_device(args: Any, model: nn.Module, backends: list[tuple[BackendInfo, Any]]) -> torch.device | None:
+    """The accelerator the Trainer will train ``model`` on, when the model is not there yet and an installed
+    plugin detects it (``backends``: the plugin manager's); else None, and each module's own device decides.
+
+    Under FSDP the Trainer leaves the model on the CPU until ``accelerator.prepare`` shards it onto the
+    accelerator, after ``on_init_end``; resolved by the parameters' device, that model would get CPU kernels.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from kernels_core import BackendInfo, DeviceInfo
+        >>> gpus = (DeviceInfo(0, "GPU"), DeviceInfo(1, "GPU"))
+        >>> cuda = BackendInfo(backend="cuda", device_type="cuda", devices=gpus)
+        >>> training_device(SimpleNamespace(device=torch.device("cuda", 1)), torch.nn.Linear(2, 2), [(cuda, None)])
+        device(type='cuda', index=1)
+        >>> training_device(SimpleNamespace(device=torch.device("cuda", 1)), torch.nn.Linear(2, 2), []) is None
+        True
+    """
+    want = getattr(args, "device", None)
+    if want is None or torch.device(want).type in ("cpu", "meta"):
+        return None
+    where = {p.device.type for p in model.parameters()}
+    if not where or not where <= {"cpu", "meta"}:
+        return None
+    return torch.device(want) if _find_backend(torch.device(want), backends)[0] is not None else None
+
+
 def _check_config(config: object) -> None:
     if config is not None and not isinstance(config, (dict, str, os.PathLike, KernelsConfig)):
         raise TypeError(f"KernelizeCallback option 'config' must be a dict, a TOML path (str or os.PathLike) or a "
@@ -201,8 +233,13 @@ class KernelizeCallback(TrainerCallback):
             raise ValueError("KernelizeCallback and TrainingArguments(use_liger_kernel=True) both replace the same "
                              "layers (norms, MLPs, RoPE, the loss); use one of them")
         mode = self._mode(args)
+        manager = self.plugin_manager or get_plugin_manager()
+        device = training_device(args, target, manager.backends())
+        if device is not None:
+            logger.info("KernelizeCallback: the model is on the CPU %s and the Trainer trains on %s (it moves the "
+                        "model there when it wraps it): kernels are chosen for %s", when, device, device)
         try:
-            kernelize(target, mode=mode, config=self.config, strict=self.strict,  # type: ignore[arg-type]
+            kernelize(target, mode=mode, device=device, config=self.config, strict=self.strict,  # type: ignore[arg-type]
                       plugin_manager=self.plugin_manager)
         except KernelizeError as exc:
             raise KernelizeError(f"KernelizeCallback: kernelize({type(target).__name__}, mode={mode}) failed {when}; "
