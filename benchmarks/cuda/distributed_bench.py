@@ -122,8 +122,9 @@ def summarise_report(report: Any) -> dict[str, Any]:
     }
 
 
-def wrap(model: torch.nn.Module, how: str, device: torch.device) -> torch.nn.Module:
-    return _workers().wrap(model, how, device)
+def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True
+         ) -> torch.nn.Module:
+    return _workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward)
 
 
 def _sync(device: torch.device) -> None:
@@ -191,7 +192,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         layers = model.model.layers
         for index, layer in enumerate(layers):
             layers[index] = torch.compile(layer)
-    runner = wrap(model, how, device)
+    runner = wrap(model, how, device, reshard_after_forward=not args.no_reshard)
     if order == "after":
         kernels_core.kernelize(runner, mode=kernels_core.Mode.TRAINING)
     if order is not None:
@@ -246,6 +247,15 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         peak_GiB=None if peak is None else round(max(peaks), 4),
         losses=[round(v, 6) for v in mean_losses.tolist()],
     )
+    if args.profile and device.type == "cuda":
+        from _common import profile_step
+
+        _sync(device)
+        start = time.perf_counter()
+        kernels = profile_step(lambda: step(batches[0]))
+        _sync(device)
+        if dist.get_rank() == 0:
+            result["profile_one_step"] = {"wall_ms": round(1e3 * (time.perf_counter() - start), 2), "kernels": kernels}
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
 
 
@@ -375,7 +385,8 @@ def _child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
     """This job's options for one torchrun at one GPU count."""
     argv = ["--out", str(out), "--model", args.model, "--variants", args.variants, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats)]
-    argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report)) if on]
+    argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
+                                   ("--no-reshard", args.no_reshard), ("--profile", args.profile)) if on]
     argv += [item for key in ("batch", "seq") if getattr(args, key) for item in (f"--{key}", str(getattr(args, key)))]
     return argv
 
@@ -483,6 +494,10 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 1024-token-vocabulary model, batch 2 x 128")
     parser.add_argument("--batch", type=int, help="sequences per rank (default 4, --tiny 2)")
     parser.add_argument("--seq", type=int, help="tokens per sequence (default 2048, --tiny 128)")
+    parser.add_argument("--no-reshard", action="store_true",
+                        help="decoder layers keep their gathered parameters from forward to backward "
+                             "(reshard_after_forward=False: no all-gather in backward, more memory)")
+    parser.add_argument("--profile", action="store_true", help="add rank 0's GPU time per kernel of one more step")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole variant list this many times, interleaved, and report each variant's "

@@ -56,13 +56,14 @@ def init_distributed(device_type: str) -> torch.device:
     return device
 
 
-def wrap(model: torch.nn.Module, how: str, device: torch.device) -> torch.nn.Module:
+def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True
+         ) -> torch.nn.Module:
     """FSDP2 (``fully_shard`` on every decoder layer, then the root: the usual recipe) or DDP around ``model``."""
     if how == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for layer in model.model.layers:
-            fully_shard(layer)
+            fully_shard(layer, reshard_after_forward=reshard_after_forward)
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel
