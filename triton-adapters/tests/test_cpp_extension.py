@@ -9,7 +9,12 @@ and without the sum's gradient; and it steps aside where it must (launch hooks, 
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -461,3 +466,33 @@ def test_cpu_calls_never_start_the_build(fresh_state):
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(y, expected)
     assert fresh_state.status() == "not started"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("builder", ["dead", "alive", "old, unnamed", "fresh, unnamed", "none"])
+def test_a_build_lock_left_by_a_stopped_process_is_removed(tmp_path, caplog, builder):
+    """torch's build lock, left by a process that exited during the background build, would make every later
+    build wait forever (the C++ path then never arrives, silently); a live builder's lock is kept."""
+    lock = tmp_path / "lock"
+    if builder != "none":
+        lock.touch()
+    if builder == "dead":
+        (tmp_path / _cpp_extension._BUILDER_FILE).write_text(str(_dead_pid()))
+    elif builder == "alive":
+        (tmp_path / _cpp_extension._BUILDER_FILE).write_text(str(os.getpid()))
+    elif builder == "old, unnamed":
+        hour_ago = time.time() - 3600
+        os.utime(lock, (hour_ago, hour_ago))
+    with caplog.at_level(logging.WARNING, logger="kernels_triton._cpp_extension"):
+        why = _cpp_extension.clear_stale_lock(tmp_path)
+    removed = builder in ("dead", "old, unnamed")
+    assert lock.exists() is (builder in ("alive", "fresh, unnamed"))
+    assert (why is not None) is removed
+    assert ("removed the C++ extension's build lock" in caplog.text) is removed
+    if builder == "dead":
+        assert "is gone" in why

@@ -12,9 +12,11 @@ setting the pace.
 
 The build (a C++ compiler and ``ninja``; about a minute, then cached by torch under ``TORCH_EXTENSIONS_DIR``) runs
 in a background thread started by the first call that could use it. Until it is ready, if it cannot be built (a
-warning says why) or once a call through it failed, the Python autograd path runs. ``KERNELS_TRITON_CPP_AUTOGRAD=0``
-turns it off; ROCm builds of torch never use it; a registered Triton launch hook takes the Python path for that
-call.
+warning says why) or once a call through it failed, the Python autograd path runs. A process that exits during
+the build leaves torch's build lock behind, on which every later build would wait forever: the builder's PID is
+written beside the lock, and a lock whose builder is gone (without a PID: older than half an hour) is removed with
+a warning. ``KERNELS_TRITON_CPP_AUTOGRAD=0`` turns the extension off; ROCm builds of torch never use it; a
+registered Triton launch hook takes the Python path for that call.
 
 Example:
     >>> from kernels_triton import _cpp_extension
@@ -29,6 +31,7 @@ import logging
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 
@@ -38,8 +41,8 @@ from ._launch import cdiv
 from ._launch import launch_hooks_registered
 
 
-__all__ = ["ENV_SWITCH", "arg_types", "eager_norm", "extension", "failure", "give_up", "load_extension",
-           "status"]
+__all__ = ["ENV_SWITCH", "arg_types", "clear_stale_lock", "eager_norm", "extension", "failure", "give_up",
+           "load_extension", "status"]
 
 ENV_SWITCH = "KERNELS_TRITON_CPP_AUTOGRAD"
 
@@ -64,6 +67,54 @@ def _disabled_reason() -> str | None:
     return None
 
 
+_BUILDER_FILE = "kernels_triton_builder.pid"
+# A build takes about a minute; a lock this old without a builder PID was left by a process that stopped.
+_STALE_LOCK_S = 1800.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def clear_stale_lock(build_dir: pathlib.Path) -> str | None:
+    """Remove torch's build lock in ``build_dir`` if the process that took it is gone; returns why, or None.
+
+    Example:
+        >>> import tempfile
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> (folder / "lock").touch()
+        >>> _ = (folder / _BUILDER_FILE).write_text(str(os.getpid()))  # this process is alive: the lock stays
+        >>> clear_stale_lock(folder) is None and (folder / "lock").exists()
+        True
+    """
+    lock = build_dir / "lock"
+    if not lock.exists():
+        return None
+    try:
+        pid = int((build_dir / _BUILDER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None:
+        if _alive(pid):
+            return None
+        why = f"its builder, process {pid}, is gone"
+    else:
+        age = time.time() - lock.stat().st_mtime
+        if age < _STALE_LOCK_S:
+            return None
+        why = f"it is {age / 60:.0f} minutes old and names no builder"
+    lock.unlink(missing_ok=True)
+    logger.warning("kernels-triton: removed the C++ extension's build lock %s (%s): a process stopped during the "
+                   "build; building again", lock, why)
+    return why
+
+
 def load_extension() -> ModuleType:
     """Build (or load the cached build of) the extension now, in this thread; raises what the build raises."""
     global _loaded
@@ -77,6 +128,11 @@ def load_extension() -> ModuleType:
             # The name carries the source's hash: an edited source builds anew instead of loading a stale binary.
             name = "kernels_triton_autograd_" + hashlib.sha256(source).hexdigest()[:12]
             logger.info("kernels-triton: building or loading the C++ autograd extension %s", name)
+            build_dir = pathlib.Path(cpp_extension._get_build_directory(name, verbose=False))
+            clear_stale_lock(build_dir)
+            if not (build_dir / "lock").exists():
+                # This process is about to build: a later one tells a live build from a lock left behind.
+                (build_dir / _BUILDER_FILE).write_text(str(os.getpid()))
             _loaded = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O2"], verbose=False)
         return _loaded
 
