@@ -99,7 +99,7 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
     lm_head = module.lm_head
     if not isinstance(lm_head, nn.Linear):
         return Decline("causal_lm_loss", f"lm_head is {type(lm_head).__name__}, not nn.Linear")
-    blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), sharded_by_fsdp=ctx.fsdp_managed(lm_head))
+    blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), ctx)
     if blocker:
         return Decline("causal_lm_loss", blocker)
     config = getattr(module, "config", None)
@@ -117,15 +117,32 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
                  evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss")
 
 
-def _lm_head_blocker(lm_head: nn.Linear, config: object, *, sharded_by_fsdp: bool) -> str | None:
+def _lm_head_blocker(lm_head: nn.Linear, config: object, ctx: MatchContext) -> str | None:
     """Why the fused loss, which reads ``lm_head.weight`` directly, would not compute what ``lm_head(x)`` does."""
     if lm_head._forward_hooks or lm_head._forward_pre_hooks:
         # Tensor parallel gathers the vocabulary shards in such hooks; adapters and quantizers hook here too.
         return "lm_head has forward hooks (tensor parallel, adapters?); the fused loss would bypass them"
     placements = dtensor_placements(lm_head.weight)
-    # FSDP2 gathers lm_head's shards in the root's pre-forward hook, before the fused loss reads the weight.
-    if placements is not None and not sharded_by_fsdp:
+    if placements is not None and not ctx.fsdp_managed(lm_head):
         return f"lm_head weight is a DTensor {placements} (tensor parallel); the fused loss needs the whole vocabulary"
+    if placements is not None:
+        # FSDP2 gathers lm_head's shards in the root's pre-forward hook, before the fused loss reads the weight,
+        # but only over FSDP's own mesh dimensions: a parameter that was already a DTensor when fully_shard took it
+        # (tensor parallel; FSDPParam.is_dtensor) is gathered back into that DTensor, still split over the TP
+        # dimension, and the fused loss's plain matmul against it fails. The sharded weight cannot tell: FSDP x TP
+        # and HSDP (whose gathered weight is plain) both shard it over a 2-D mesh, and FSDP keeps its per-parameter
+        # state private. So gather once (one all-gather of lm_head's FSDP unit, in step on every rank like the
+        # probes) and look at what the forward will read.
+        with ctx.unsharded(lm_head):
+            gathered = lm_head.weight
+            gathered_placements = dtensor_placements(gathered)
+            if gathered_placements is not None:
+                names = gathered.device_mesh.mesh_dim_names
+                where = (f"mesh dim{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}" if names
+                         else "a device mesh")
+                return (f"lm_head's weight is tensor-parallel (inside FSDP it is still a DTensor "
+                        f"{gathered_placements} on {where} after FSDP gathers it); the fused loss needs the whole "
+                        "weight")
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and lm_head.weight.shape[0] != vocab:
         return f"lm_head has {lm_head.weight.shape[0]} rows for a vocabulary of {vocab} (sharded?)"
