@@ -110,6 +110,18 @@ def tiny_model(layers: int, *, seed: int = 0, dtype: torch.dtype = torch.float32
     return model.to(device=device, dtype=dtype)
 
 
+def shared_checkpoint(layers: int, *, prefix: str) -> str:
+    """A tiny Qwen3 checkpoint every rank can load: rank 0 saves it to a fresh temporary folder, all learn where."""
+    import tempfile
+
+    where = [tempfile.mkdtemp(prefix=prefix) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    if dist.get_rank() == 0:
+        tiny_model(layers).save_pretrained(where[0])
+    dist.barrier()
+    return where[0]
+
+
 def normalise(module_name: str) -> str:
     """A module path as if unwrapped: DDP prefixes ``module.``; FSDP2 keeps the names."""
     return re.sub(r"^module(\.|$)", "", module_name) or "(model)"

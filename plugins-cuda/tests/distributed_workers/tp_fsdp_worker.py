@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import warnings
 from typing import Any
 
@@ -47,7 +46,7 @@ from _shared import init_distributed
 from _shared import local
 from _shared import log
 from _shared import rel
-from _shared import tiny_model
+from _shared import shared_checkpoint
 
 
 # Relative loss tolerances per dtype: (kernelize before vs after, kernelized vs eager 2-D), at every one of the
@@ -251,13 +250,7 @@ def main() -> None:
     if args.tp < 2 or world % args.tp or world // args.tp < 2:
         fail(f"--tp {args.tp} on {world} ranks: need tp >= 2 dividing the world size with at least 2 dp groups")
     mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
-    # One checkpoint every rank reads: rank 0 writes it to a fresh temporary folder and tells the others where.
-    where = [tempfile.mkdtemp(prefix="kernels-tp-fsdp-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(where, src=0)
-    path = where[0]
-    if dist.get_rank() == 0:
-        tiny_model(args.layers).save_pretrained(path)
-    dist.barrier()
+    path = shared_checkpoint(args.layers, prefix="kernels-tp-fsdp-")
 
     how = args.load
     if how == "auto":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ from _shared import local
 from _shared import log
 from _shared import rel
 from _shared import rel_norm
-from _shared import tiny_model
+from _shared import shared_checkpoint
 
 
 # (loss, per-parameter gradient) relative tolerances, as in the single-GPU end-to-end tests (test_e2e_gpu.py).
@@ -66,13 +65,7 @@ def main() -> None:
     device = init_distributed(args.device)
     world = dist.get_world_size()
     dtype = DTYPES[args.dtype]
-    # One checkpoint every rank reads: rank 0 writes it to a fresh temporary folder and tells the others where.
-    where = [tempfile.mkdtemp(prefix="kernels-tp-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(where, src=0)
-    path = where[0]
-    if dist.get_rank() == 0:
-        tiny_model(args.layers).save_pretrained(path)
-    dist.barrier()
+    path = shared_checkpoint(args.layers, prefix="kernels-tp-")
     ids = torch.randint(3, 1024, (2, 64), generator=torch.Generator().manual_seed(11)).to(device)
     eager_model = load(path, dtype)
     shard = local(eager_model.model.layers[0].mlp.gate_proj.weight)
