@@ -10,7 +10,8 @@ number changes in one place: the results file.
     python benchmarks/report.py --out page.md --charts charts/   # page to a file, its SVG charts beside it
 
 Each results file is named ``<benchmark>-<device>.json`` and states the commit that recorded it (``commit``, or
-``environment.commit``). A file holding several runs keeps them under ``runs``, each with its own environment.
+``environment.commit``). A file holding several runs keeps them under ``runs``, each with its own environment: a
+list of named runs, or ``distributed_bench.py``'s runs by GPU count (``"1"``, ``"2"``) beside their ``scaling``.
 Files this script has no table for are still listed in the inventory with their device, date and commit.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,12 +51,23 @@ def _device(data: dict) -> str:
     return str(env.get("device") or data.get("device_name") or data.get("machine") or data.get("device") or "?")
 
 
-def _short_device(data: dict) -> str:
+def _gpus(data: dict) -> int:
+    """How many GPUs the run used (``environment.world_size``; 1 when not recorded)."""
+    return int(_env(data).get("world_size") or 1)
+
+
+def _short_device(data: dict, gpus: int | None = None) -> str:
     name = _device(data)
+    gpus = _gpus(data) if gpus is None else gpus
     for short in ("H100", "H200"):
         if short in name:
-            return short
+            return f"{gpus}x {short}" if gpus > 1 else short
     return "CPU" if name in ("cpu", "x86_64", "?") or data.get("device") == "cpu" else name
+
+
+def _long_device(data: dict, gpus: int | None = None) -> str:
+    gpus = _gpus(data) if gpus is None else gpus
+    return f"{gpus}x {_device(data)}" if gpus > 1 else _device(data)
 
 
 def _date(data: dict) -> str:
@@ -70,6 +83,8 @@ def _commits(data: dict) -> str:
     runs = data.get("runs")
     if not runs:
         return f"`{_commit(data)}`"
+    if isinstance(runs, dict):  # distributed_bench: one run per GPU count
+        return ", ".join(f"`{_commit(run)}` ({gpus} GPU{'s' if gpus != '1' else ''})" for gpus, run in runs.items())
     return ", ".join(f"`{_commit(run)}` ({run['name']})" for run in runs)
 
 
@@ -101,12 +116,31 @@ def _rows(data: dict, **match: object) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # The README's headline table: one row per result, short cells, ratios against the baseline of the same run.
 
-_MODEL_NAMES = {"qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
+_MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
                 "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
                 "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
 # models_bench results in the headline: (variant, baseline) pairs per file; the issue's targets are set this way.
 _MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
                     "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
+# distributed_bench variants in the headline, with the baseline each is compared with.
+_DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
+                         ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"))
+
+
+def _trainer_numbers(data: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """Steady tokens/s and peak GiB (per GPU) of every variant of a trainer_bench file that did not fail."""
+    r = {name: v for name, v in data["results"].items() if "error" not in v}
+    return ({name: v["steady_tokens_per_second"] for name, v in r.items()},
+            {name: v["peak_memory_gib"] for name, v in r.items()})
+
+
+def _per_gpu(gpus: int) -> str:
+    return "/GPU" if gpus > 1 else ""
+
+
+def _gpu_counts(data: dict) -> list[str]:
+    """The GPU counts of a distributed_bench scaling file (its ``runs`` keys), smallest first."""
+    return sorted(data.get("runs") or {}, key=int)
 
 
 def headline_rows(results: dict[str, dict]) -> list[dict]:
@@ -117,16 +151,17 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
     """
     out: list[dict] = []
 
-    def add(stem: str, what: str, against: str, ratio: float | None, speed: str, memory: str, commit: str) -> None:
-        out.append({"what": what, "device": _short_device(results[stem]), "against": against, "ratio": ratio,
-                    "speed": speed, "memory": memory, "commit": commit, "file": f"{stem}.json"})
+    def add(stem: str, what: str, against: str, ratio: float | None, speed: str, memory: str, commit: str, *,
+            device: str | None = None, label: str | None = None) -> None:
+        out.append({"what": what, "device": device or _short_device(results[stem]), "against": against,
+                    "ratio": ratio, "speed": speed, "memory": memory, "commit": commit, "file": f"{stem}.json",
+                    "label": label})
 
     if "trainer-qwen3-0.6b-h100" in results:
-        data = results["trainer-qwen3-0.6b-h100"]
-        r = data["results"]
-        tok = {name: v.get("steady_tokens_per_second") for name, v in r.items()}
-        peak = {name: v.get("peak_memory_gib") for name, v in r.items()}
         stem = "trainer-qwen3-0.6b-h100"
+        data = results[stem]
+        r = data["results"]
+        tok, peak = _trainer_numbers(data)
         c = r["kernelize"].get("commit") or _commit(data)
         c_compile = r["kernelize_compile"].get("commit") or _env(data).get("commit") or _commit(data)
         add(stem, "Trainer, Qwen3-0.6B shape: `KernelizeCallback`", "`use_liger_kernel=True`",
@@ -138,6 +173,49 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             f"**{tok['kernelize_compile'] / tok['plain_compile']:.2f}x** ({_k(tok['kernelize_compile'])} tok/s)",
             f"{peak['kernelize_compile'] / peak['plain_compile']:.2f}x ({peak['kernelize_compile']:.1f} GiB)",
             c_compile)
+    for stem, data in results.items():
+        if not (stem.startswith("trainer-fsdp2-") and "results" in data):
+            continue
+        tok, peak = _trainer_numbers(data)
+        if not {"plain", "liger", "kernelize"} <= tok.keys():
+            continue
+        each = _per_gpu(_gpus(data))
+        add(stem, "Trainer under FSDP2, Qwen3-0.6B shape: `KernelizeCallback`",
+            "plain Trainer / `use_liger_kernel=True`", tok["kernelize"] / tok["plain"],
+            f"**{tok['kernelize'] / tok['plain']:.2f}x** / {tok['kernelize'] / tok['liger']:.2f}x "
+            f"({_k(tok['kernelize'])} tok/s)",
+            f"{peak['kernelize'] / peak['plain']:.2f}x / {peak['kernelize'] / peak['liger']:.2f}x "
+            f"({peak['kernelize']:.1f} GiB{each})", _commit(data),
+            label=f"Trainer under FSDP2, Qwen3-0.6B: KernelizeCallback ({_short_device(data)}) vs plain Trainer")
+    for stem, data in results.items():
+        if not stem.startswith("distributed-"):
+            continue
+        model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+        counts = _gpu_counts(data)
+        if counts:  # one run per GPU count: each count's ratio, charted at the largest
+            runs = [data["runs"][n] for n in counts]
+            if not all("kernelize_before" in run.get("ratios_vs_eager", {}) for run in runs):
+                continue
+            ratios = [run["ratios_vs_eager"]["kernelize_before"] for run in runs]
+            top = runs[-1]["variants"]["kernelize_before"]
+            gpus = [f"{n} GPU{'s' if n != '1' else ''}" for n in counts]
+            add(stem, f"FSDP2 training loop, {model}: kernelize, then `fully_shard`", "eager",
+                ratios[-1].get("tokens_per_s"),
+                ", ".join(f"{r['tokens_per_s']:.2f}x ({g})" for r, g in zip(ratios, gpus, strict=True)),
+                ", ".join(f"{r['peak']:.2f}x" for r in ratios) + f" ({top['peak_GiB']:.1f} GiB/GPU)",
+                _commit(data), device=" and ".join(f"{n}x" for n in counts) + f" {_short_device(data, 1)}",
+                label=f"FSDP2 training loop, {_chart_name(model)}: kernelize, then fully_shard "
+                      f"({counts[-1]}x {_short_device(data, 1)}) vs eager")
+            continue
+        variants = data.get("variants", {})
+        for variant, label, against in _DISTRIBUTED_HEADLINE:
+            ratio = data.get("ratios_vs_eager", {}).get(variant)
+            if ratio is None or variant not in variants:
+                continue
+            bold = "**" if variant == "kernelize_before" else ""
+            add(stem, f"FSDP2 training, {model}: {label}", against, ratio["tokens_per_s"],
+                f"{bold}{ratio['tokens_per_s']:.2f}x{bold} ({_k(variants[variant]['tokens_per_s'])} tok/s)",
+                f"{ratio['peak']:.2f}x ({variants[variant]['peak_GiB']:.1f} GiB/GPU)", _commit(data))
     for stem, (label, pairs) in _MODELS_HEADLINE.items():
         if stem not in results:
             continue
@@ -152,6 +230,24 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                         f"**{ratio:.2f}x** ({_k(by[variant]['tokens_per_s'])} tok/s)",
                         f"{by[variant]['peak_GiB'] / by[base]['peak_GiB']:.2f}x ({by[variant]['peak_GiB']:.1f} GiB)",
                         _commit(data))
+    for stem in ("qwen3-h100", "qwen3-h200"):
+        if stem not in results:
+            continue
+        data = results[stem]
+        by = {row["variant"]: row for row in _qwen3_rows(data)}
+        if "torch_compile" not in by:
+            continue
+        compile_ = by["torch_compile"]
+        for variant, label in (("kernelize", "kernelize"), ("kernelize_compile", "kernelize + compile")):
+            if variant not in by:
+                continue
+            row = by[variant]
+            ratio = row["train_tokens_per_s"] / compile_["train_tokens_per_s"]
+            bold = "**" if variant == "kernelize_compile" else ""
+            add(stem, f"Training loop, Qwen3-0.6B shape: {label}", "`torch.compile`", ratio,
+                f"{bold}{ratio:.2f}x{bold} ({_k(row['train_tokens_per_s'])} tok/s)",
+                f"{row['train_peak_GiB'] / compile_['train_peak_GiB']:.2f}x ({row['train_peak_GiB']:.1f} GiB)",
+                _commit(data))
     if "decode-h100" in results:
         data = results["decode-h100"]
         rerun, prof = _run(data, "llama-dynamic-b1-rerun"), _run(data, "llama-profiled")
@@ -165,18 +261,6 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                   / _rows(comp, variant="kernelize_compile", batch=b)["ms_per_token"] for b in (1, 8)]
         add("decode-h100", "Decoding, same shape, static cache, compiled: kernelize + compile", "`torch.compile`",
             ratios[0], f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-", _commit(comp))
-    if "qwen3-h200" in results:
-        data = results["qwen3-h200"]
-        by = {row["variant"]: row for row in data["rows"]}
-        compile_ = by["torch_compile"]
-        for variant, label in (("kernelize", "kernelize"), ("kernelize_compile", "kernelize + compile")):
-            row = by[variant]
-            ratio = row["train_tokens_per_s"] / compile_["train_tokens_per_s"]
-            add("qwen3-h200", f"Training loop, Qwen3-0.6B shape: {label}", "`torch.compile`", ratio,
-                f"{'**' if variant == 'kernelize_compile' else ''}{ratio:.2f}x"
-                f"{'**' if variant == 'kernelize_compile' else ''} ({_k(row['train_tokens_per_s'])} tok/s)",
-                f"{row['train_peak_GiB'] / compile_['train_peak_GiB']:.2f}x ({row['train_peak_GiB']:.1f} GiB)",
-                _commit(data))
     for stem in ("portable-cpu",):
         if stem in results:
             data = results[stem]
@@ -194,12 +278,17 @@ def headline_table(results: dict[str, dict]) -> str:
                     f"[`{row['commit']}`](benchmarks/results/{row['file']})") for row in headline_rows(results)))
 
 
+def _chart_name(text: str) -> str:
+    """A headline cell shortened for a chart label: no markup, no "shape", no layer count."""
+    return re.sub(r"(?<=B) shape| \(\d+ layers\)", "", text).replace("`", "")
+
+
 def headline_chart(results: dict[str, dict]) -> str:
     """The README's one chart (SVG): speed of each headline result against its baseline."""
-    values = [(f"{row['what'].split(':')[0]} ({row['device']}) vs {row['against'].replace('`', '')}", row["ratio"])
-              for row in headline_rows(results) if row["ratio"] is not None]
+    values = [(row["label"] or f"{_chart_name(row['what'])} ({row['device']}) vs {_chart_name(row['against'])}",
+               row["ratio"]) for row in headline_rows(results) if row["ratio"] is not None]
     return _bar_chart("Speed against the baseline measured in the same run (1.0 = as fast)", values, "x",
-                      label_width=560, reference=1.0, digits=2)
+                      label_width=700, reference=1.0, digits=2)
 
 
 def update_readme(results: dict[str, dict], readme: Path = README) -> str:
@@ -220,29 +309,54 @@ def _qwen3_rows(data: dict) -> list[dict]:
 
 
 def summary_table(results: dict[str, dict]) -> str:
-    """Model-level results: one row per benchmark and device, ratios against eager PyTorch in the same run."""
+    """Model-level results: one row per benchmark, device and variant, ratios against eager PyTorch in the same run."""
     rows = []
+
+    def add(what: str, device: str, speed: float, peak: float, stem: str) -> None:
+        rows.append((what, device, f"{speed:.2f}x", f"{peak:.2f}x", f"`{stem}.json`"))
+
     for stem, data in results.items():
-        if stem.startswith("qwen3-") and _qwen3_rows(data) and any(r["variant"] == "eager" for r in _qwen3_rows(data)):
+        if stem.startswith("trainer-") and "results" in data:
+            tok, peak = _trainer_numbers(data)
+            for variant in ("kernelize", "kernelize_compile"):
+                if variant in tok and "plain" in tok:
+                    add(f"Trainer, Qwen3-0.6B shape, `{variant}`", _long_device(data), tok[variant] / tok["plain"],
+                        peak[variant] / peak["plain"], stem)
+        elif stem.startswith("distributed-"):
+            model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+            runs = [(int(n), data["runs"][n]) for n in _gpu_counts(data)] or [(_gpus(data), data)]
+            for gpus, run in runs:
+                v = run.get("variants", {})
+                if "eager" not in v:
+                    continue
+                for variant in ("kernelize_before", "kernelize_after", "kernelize_compile"):
+                    if variant in v:
+                        add(f"FSDP2 training, {model}, `{variant}`", _long_device(data, gpus),
+                            v[variant]["tokens_per_s"] / v["eager"]["tokens_per_s"],
+                            v[variant]["peak_GiB"] / v["eager"]["peak_GiB"], stem)
+        elif stem in _MODELS_HEADLINE:
+            for model in dict.fromkeys(row["model"] for row in data["rows"]):
+                by = {r["variant"]: r for r in data["rows"] if r["model"] == model and r.get("tokens_per_s")}
+                for variant in ("kernelize", "kernelize_compile"):
+                    if variant in by and "eager" in by:
+                        add(f"{_MODEL_NAMES.get(model, model)} training, `{variant}`", _long_device(data),
+                            by[variant]["tokens_per_s"] / by["eager"]["tokens_per_s"],
+                            by[variant]["peak_GiB"] / by["eager"]["peak_GiB"], stem)
+        elif stem.startswith("qwen3-") and any(r["variant"] == "eager" for r in _qwen3_rows(data)):
             by = {r["variant"]: r for r in _qwen3_rows(data)}
             eager = by["eager"]
             for variant in ("kernelize", "kernelize_compile"):
                 if variant in by:
                     r = by[variant]
-                    rows.append((f"Qwen3-0.6B shape training, `{variant}`", _device(data),
-                                 f"{r['train_tokens_per_s'] / eager['train_tokens_per_s']:.2f}x",
-                                 f"{r['train_peak_GiB'] / eager['train_peak_GiB']:.2f}x", f"`{stem}.json`"))
+                    add(f"Qwen3-0.6B shape training loop, `{variant}`", _long_device(data),
+                        r["train_tokens_per_s"] / eager["train_tokens_per_s"],
+                        r["train_peak_GiB"] / eager["train_peak_GiB"], stem)
         elif stem.startswith("portable-") and "variants" in data:
             v = data["variants"]
             if "eager" in v and "kernelized" in v:
-                time_ratio = _median(v["eager"]["step_seconds"]) / _median(v["kernelized"]["step_seconds"])
-                peak = v["kernelized"]["peak_bytes"] / v["eager"]["peak_bytes"]
-                rows.append(("portable kernels only, training step", _device(data), f"{time_ratio:.2f}x",
-                             f"{peak:.2f}x", f"`{stem}.json`"))
-        elif stem.startswith("distributed-") and "ratios_vs_eager" in data:
-            for variant, ratio in data["ratios_vs_eager"].items():
-                rows.append((f"FSDP2/DDP training, `{variant}` vs `{ratio['vs']}`", f"2x {_device(data)}",
-                             f"{ratio['tokens_per_s']:.2f}x", f"{ratio['peak']:.2f}x", f"`{stem}.json`"))
+                add("portable kernels only, training step", _long_device(data),
+                    _median(v["eager"]["step_seconds"]) / _median(v["kernelized"]["step_seconds"]),
+                    v["kernelized"]["peak_bytes"] / v["eager"]["peak_bytes"], stem)
     return _table(("what", "device", "throughput vs eager", "peak memory vs eager", "results file"), rows)
 
 
@@ -286,16 +400,24 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
                 f"{stem}: training tokens/s", [(r["variant"], r["train_tokens_per_s"] / 1000) for r in rows], "k")
             out[f"{stem}-memory.svg"] = _bar_chart(
                 f"{stem}: training peak memory", [(r["variant"], r["train_peak_GiB"]) for r in rows], " GiB")
-    if "trainer-qwen3-0.6b-h100" in results:
-        r = results["trainer-qwen3-0.6b-h100"]["results"]
-        out["trainer-qwen3-0.6b-h100.svg"] = _bar_chart(
-            "Trainer, Qwen3-0.6B shape, H100: steady tokens/s",
-            [(name, v["steady_tokens_per_second"] / 1000) for name, v in r.items() if "error" not in v], "k")
+        elif stem.startswith("trainer-") and "results" in data:
+            tok, _ = _trainer_numbers(data)
+            out[f"{stem}.svg"] = _bar_chart(
+                f"Trainer, Qwen3-0.6B shape, {_short_device(data)}: steady tokens/s",
+                [(name, value / 1000) for name, value in tok.items()], "k")
+        elif stem.startswith("distributed-"):
+            counts = _gpu_counts(data)
+            runs = [(int(n), data["runs"][n]) for n in counts] or [(_gpus(data), data)]
+            values = [(f"{gpus} GPU{'s' if gpus > 1 else ''}: {name}", row["tokens_per_s"] / gpus / 1000)
+                      for gpus, run in runs for name, row in run.get("variants", {}).items()
+                      if row.get("tokens_per_s")]
+            out[f"{stem}.svg"] = _bar_chart(f"FSDP2, {_short_device(data, 1)}: tokens/s per GPU", values, "k",
+                                            label_width=260)
     for stem in ("moe-h100", "gemma-h100"):
         if stem in results:
             rows = [(f"{row['model']} {row['variant']}", row["tokens_per_s"] / 1000)
                     for row in results[stem]["rows"] if row.get("tokens_per_s")]
-            out[f"{stem}.svg"] = _bar_chart(f"{results[stem].get('what', stem)[:60]}, H100: tokens/s", rows, "k",
+            out[f"{stem}.svg"] = _bar_chart(f"{_models_title(results[stem])[:60]}, H100: tokens/s", rows, "k",
                                             label_width=300)
     if "decode-h100" in results:
         rows = [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
@@ -308,39 +430,137 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
     return out
 
 
-def _trainer_section(data: dict, chart_dir: str | None) -> list[str]:
-    r = data["results"]
+def _trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
+    gpus = _gpus(data)
     rows = []
-    for name, v in r.items():
+    for name, v in data["results"].items():
         if "error" in v:
             rows.append((f"`{name}`", "failed", "-", "-", v["error"].strip().splitlines()[-1][:80]))
             continue
         rows.append((f"`{name}`", f"{v['steady_tokens_per_second']:,.0f}", f"{v['train_tokens_per_second']:,.0f}",
                      f"{v['peak_memory_gib']:.2f}", "-"))
-    summary = data.get("summary", {})
-    parts = ["## Trainer, Qwen3-0.6B shape (`trainer-qwen3-0.6b-h100.json`)", "",
+    summary = {key: value for key, value in data.get("summary", {}).items() if value is not None}
+    where = f"one `torchrun` of {gpus} processes per variant" if gpus > 1 else "one process per variant"
+    parts = [f"## Trainer, Qwen3-0.6B shape, {_short_device(data)} (`{stem}.json`)", "",
              f"{data.get('shape', '')}; {data.get('steps')} steps, {data.get('warmup_steps')} warm-up; "
-             f"{_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/trainer_bench.py`, one process per "
-             "variant. Steady tokens/s leaves out the warm-up steps (and compilation); the Trainer's own figure "
-             "includes them.",
-             "", _table(("variant", "steady tokens/s", "Trainer tokens/s", "peak GiB", "error"), rows), ""]
+             f"{_long_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/trainer_bench.py`, {where}. "
+             "Steady tokens/s leaves out the warm-up steps (and compilation); the Trainer's own figure "
+             "includes them." + (" Tokens/s count every GPU; peak memory is the largest of the GPUs'."
+                                 if gpus > 1 else ""),
+             "", _table(("variant", "steady tokens/s", "Trainer tokens/s", "peak GiB" + (" per GPU" if gpus > 1
+                                                                                            else ""), "error"),
+                        rows), ""]
     if summary:
         parts += [_table(("ratio", "value"), ((f"`{key}`", f"{value:.3g}") for key, value in summary.items())), ""]
     if chart_dir is not None:
-        parts += [f"![trainer]({chart_dir}/trainer-qwen3-0.6b-h100.svg)", ""]
+        parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts
 
 
+def _loss_diff(data: dict, variant: str) -> str:
+    ratio = data.get("ratios_vs_eager", {}).get(variant)
+    if not ratio or ratio.get("max_rel_loss_diff") is None:
+        return "-"
+    return f"{ratio['max_rel_loss_diff']:.1e} ({ratio['vs']})"
+
+
+def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
+    model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+    counts = _gpu_counts(data)
+    runs = [(int(n), data["runs"][n]) for n in counts] or [(_gpus(data), data)]
+    where = " and ".join(str(gpus) for gpus, _ in runs) + f" {_short_device(data, 1)}s"
+    parts = [f"## FSDP2 training, {model}, {where} (`{stem}.json`)", "",
+             f"{data.get('config', '')}; {data.get('steps_timed')} timed steps after {data.get('steps_warmup')} "
+             f"warm-up; {_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
+             "`torchrun` job per GPU count running the variants one after the other from the same seeds and data. "
+             "Tokens/s count every GPU; peak memory is per GPU; the loss "
+             "column is the largest relative difference from the baseline's loss (mean over ranks) at any step.", ""]
+    table = []
+    for gpus, run in runs:
+        v = run.get("variants", {})
+        for name, row in v.items():
+            vs = {base: f"{row['tokens_per_s'] / v[base]['tokens_per_s']:.2f}x" if base in v else "-"
+                  for base in ("eager", "compile")}
+            table.append((gpus, f"`{name}`", f"{row['tokens_per_s']:,.0f}", f"{row['tokens_per_s'] / gpus:,.0f}",
+                          vs["eager"], vs["compile"], f"{row['peak_GiB']:.1f}",
+                          f"{row['first_step_s']:.1f}" if row.get("first_step_s") is not None else "-",
+                          _loss_diff(run, name)))
+    header = ["GPUs", "variant", "tokens/s", "per GPU", "vs eager", "vs compile", "peak GiB per GPU",
+              "first step s", "loss diff (vs)"]
+    if not any(row[5] != "-" for row in table):  # no compile variant: drop its column
+        header.pop(5)
+        table = [row[:5] + row[6:] for row in table]
+    parts += [_table(header, table), ""]
+    scaling = data.get("scaling") or {}
+    if scaling and len(counts) > 1:
+        parts += [f"Tokens/s per GPU, and their ratio to the {counts[0]}-GPU figure (scaling efficiency):", "",
+                  _table(["variant", *(f"{n} GPU{'s' if n != '1' else ''}" for n in counts), "efficiency"],
+                         ((f"`{name}`", *(f"{s['tokens_per_s_per_gpu'][n]:,}" for n in counts),
+                           ", ".join(f"{s['efficiency'][n]:.2f} ({n} GPUs)" for n in counts[1:]))
+                          for name, s in scaling.items())), ""]
+        first, last = data["runs"][counts[0]], data["runs"][counts[-1]]
+        if {"eager", "kernelize_before"} <= scaling.keys() and "kernelize_before" in last.get("ratios_vs_eager", {}):
+            k_eff = scaling["kernelize_before"]["efficiency"][counts[-1]]
+            e_eff = scaling["eager"]["efficiency"][counts[-1]]
+            note = (f"Kernelized before `fully_shard`, the model runs "
+                    f"{first['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x eager on {counts[0]} GPU "
+                    f"and {last['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x on {counts[-1]}: per "
+                    f"GPU it keeps {k_eff:.2f} of its {counts[0]}-GPU throughput, eager {e_eff:.2f}.")
+            if k_eff < e_eff:
+                note += (" FSDP2's communication (parameter all-gathers, gradient reduce-scatters), hidden behind "
+                         "eager's longer compute, is exposed once the kernels shorten the compute.")
+            parts += [note, ""]
+    if chart_dir is not None:
+        parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
+    return parts
+
+
+def _models_title(data: dict) -> str:
+    if data.get("what"):
+        return str(data["what"])
+    models = dict.fromkeys(_MODEL_NAMES.get(row["model"], row["model"]) for row in data.get("rows", []))
+    return "Training, " + ", ".join(models) + ", one process per variant"
+
+
+def _profile_split(profile: list[dict]) -> tuple[float, float, float]:
+    """GPU ms of one profiled step: all kernels, the grouped expert GEMMs (CUTLASS grouped problems), fused AdamW."""
+    total = next((k["gpu_ms"] for k in profile if k["kernel"] == "<all kernels>"), None)
+    kernels = [k for k in profile if k["kernel"] != "<all kernels>"]
+    if total is None:
+        total = sum(k["gpu_ms"] for k in kernels)
+    grouped = sum(k["gpu_ms"] for k in kernels if "GroupProblem" in k["kernel"])
+    adamw = sum(k["gpu_ms"] for k in kernels if "FusedOptimizer" in k["kernel"])
+    return total, grouped, adamw
+
+
 def _models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    parts = [f"## {data.get('what', stem)} (`{stem}.json`)", "",
+    parts = [f"## {_models_title(data)} (`{stem}.json`)", "",
              f"{_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}. "
-             f"`benchmarks/cuda/models_bench.py`. {data.get('note', '')}", "",
+             f"`benchmarks/cuda/models_bench.py`. {data.get('note', '')}".rstrip(), "",
              _table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s"),
                     ((row["model"], f"`{row['variant']}`", f"{row['tokens_per_s']:,}" if row.get("tokens_per_s")
                       else "failed: " + (row.get("error") or row.get("process_error") or "?")[:60],
                       row.get("speed_vs_eager", "-"), row.get("speed_vs_compile", "-"),
                       f"{row['peak_GiB']:.1f}" if row.get("peak_GiB") else "-",
                       f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-") for row in data["rows"])), ""]
+    # Only where there are expert GEMMs to set apart (MoE shapes).
+    profiled = [row for row in data["rows"] if row.get("profile_one_step")
+                and any("GroupProblem" in k["kernel"] for k in row["profile_one_step"])]
+    if profiled:
+        split = {id(row): _profile_split(row["profile_one_step"]) for row in profiled}
+        parts += ["GPU time of one profiled step (ms), per kernel group:", "",
+                  _table(("model", "variant", "all kernels", "grouped expert GEMMs", "fused AdamW", "share of both"),
+                         ((row["model"], f"`{row['variant']}`", f"{total:.1f}", f"{grouped:.1f}", f"{adamw:.1f}",
+                           f"{(grouped + adamw) / total:.0%}")
+                          for row in profiled for total, grouped, adamw in [split[id(row)]])), ""]
+        for model in dict.fromkeys(row["model"] for row in profiled):
+            fixed = [split[id(row)] for row in profiled if row["model"] == model]
+            both = [grouped + adamw for _, grouped, adamw in fixed]
+            shares = [(grouped + adamw) / total for total, grouped, adamw in fixed]
+            if len(both) > 1 and max(both) / min(both) < 1.1:
+                parts += [f"{_MODEL_NAMES.get(model, model)}: the grouped expert GEMMs and the fused AdamW take "
+                          f"{min(both):.0f}-{max(both):.0f} ms in every variant, {min(shares):.0%}-{max(shares):.0%} "
+                          "of the step's GPU time; the variants differ in the rest.", ""]
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts
@@ -364,16 +584,21 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     parts = ["# Benchmarks", "",
              "<!-- Generated by `python benchmarks/report.py --write`; edit the results files or report.py. -->", "",
              "Generated by `benchmarks/report.py` from `benchmarks/results/*.json`. Variants of a benchmark are "
-             "measured side by side in one run on one machine, each in its own process; ratios are against the "
-             "baseline of that run.", "", "## Headline", "",
+             "measured side by side in one run on one machine, each in its own process "
+             "(`distributed_bench.py`: one after the other in one `torchrun` job); ratios are against the baseline "
+             "of that run.", "", "## Headline", "",
              _table(("result", "device", "against", "speed", "peak memory", "commit", "file"),
                     ((r["what"], r["device"], r["against"], r["speed"], r["memory"], f"`{r['commit']}`",
                       f"`{r['file']}`") for r in headline_rows(results))), ""]
     if chart_dir is not None and results:
         parts += [f"![headline]({chart_dir}/{CHART.name})", ""]
     parts += ["## Against eager PyTorch", "", summary_table(results), ""]
-    if "trainer-qwen3-0.6b-h100" in results:
-        parts += _trainer_section(results["trainer-qwen3-0.6b-h100"], chart_dir)
+    for stem, data in results.items():
+        if stem.startswith("trainer-") and "results" in data:
+            parts += _trainer_section(stem, data, chart_dir)
+    for stem, data in results.items():
+        if stem.startswith("distributed-") and (data.get("runs") or data.get("variants")):
+            parts += _distributed_section(stem, data, chart_dir)
     for stem in ("moe-h100", "gemma-h100"):
         if stem in results:
             parts += _models_section(stem, results[stem], chart_dir)
@@ -382,8 +607,9 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     for stem, data in results.items():
         rows = _qwen3_rows(data)
         if stem.startswith("qwen3-") and rows:
-            parts += [f"## Training loop, Qwen3-0.6B shape (`{stem}.json`)", "",
-                      f"{data.get('config', '')}; {_device(data)}, {_date(data)}, commit `{_commit(data)}`.", "",
+            parts += [f"## Training loop, Qwen3-0.6B shape, {_short_device(data)} (`{stem}.json`)", "",
+                      f"{data.get('config', '')}; {_device(data)}, {_date(data)}, commit `{_commit(data)}`. "
+                      "`benchmarks/cuda/qwen3_bench.py`.", "",
                       _table(("variant", "train tokens/s", "train peak GiB", "prefill ms"),
                              ((r["variant"], f"{r['train_tokens_per_s']:,.0f}", f"{r['train_peak_GiB']:.1f}",
                                f"{r['prefill_ms']:.1f}" if r.get("prefill_ms") is not None else "-")
@@ -393,7 +619,7 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
                           f"![{stem} memory]({chart_dir}/{stem}-memory.svg)", ""]
     parts += ["## Every results file", "",
               _table(("file", "device", "date", "commit"),
-                     ((f"`{stem}.json`", _device(data), _date(data), _commits(data))
+                     ((f"`{stem}.json`", _long_device(data), _date(data), _commits(data))
                       for stem, data in results.items())), ""]
     return "\n".join(parts)
 
