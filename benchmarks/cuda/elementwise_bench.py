@@ -1,7 +1,7 @@
 """RoPE and gated-activation microbenchmark at Qwen3-0.6B shapes: eager ATen math vs Liger vs kernels-triton's
 Triton kernels, forward (no grad) and forward+backward, bf16, side by side in one run.
 
-    python benchmarks/cuda/elementwise_bench.py --out benchmarks/results/elementwise-h200.json
+    python benchmarks/cuda/elementwise_bench.py --out /tmp/elementwise.json
 
 Shapes: training batch 4 x 2048 tokens and prefill 1 x 2048 (q: 16 heads, k: 8 heads, head_dim 128, taken as the
 [B, S, H, D] projection viewed as [B, H, S, D]; MLP intermediate 3072). Medians of ``triton.testing.do_bench``.
