@@ -507,8 +507,10 @@ def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[s
                     f"and {last['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x on {counts[-1]}: per "
                     f"GPU it keeps {k_eff:.2f} of its {counts[0]}-GPU throughput, eager {e_eff:.2f}.")
             if k_eff < e_eff:
-                note += (" FSDP2's communication (parameter all-gathers, gradient reduce-scatters), hidden behind "
-                         "eager's longer compute, is exposed once the kernels shorten the compute.")
+                note += (" Why is not yet profiled; the likely causes are FSDP2's per-layer communication and "
+                         "host-side work, which eager's longer compute hides, and the fused loss's host "
+                         "synchronisation (Liger's forward reads the number of labelled tokens with `.item()` once "
+                         "per step), which keeps the CPU from queueing ahead.")
             parts += [note, ""]
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
