@@ -6,12 +6,14 @@
 # Knobs: HOST_ARGS (e.g. --profile), RMSNORM_ARGS (e.g. --shapes 8192x1024 --chain-only --rounds 3), RMSNORM_TIMEOUT (default 540 s; the full sweep times 5 rounds of chains), SWEEP_TIMEOUT, ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS, EXTRA_PYTHONPATH (searched first, e.g. another
 # transformers installed with pip --target).
-# distributed (needs 2 GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map over
-# two GPUs, tensor parallel; each check a torchrun or python subprocess; output in $OUT/pytest-distributed.txt), then
-# torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py (Qwen3-0.6B shape, FSDP2/DDP, eager vs kernelize
-# before/after wrapping) writing $OUT/cuda-distributed.json. Knobs: DIST_TEST_TIMEOUT (default 300 s),
-# DIST_BENCH_TIMEOUT (330 s), DIST_VARIANTS (default: all six), DIST_BENCH_ARGS (e.g. --steps 20). NVLink SHARP /
-# multicast stay off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1) unless set.
+# distributed (needs 2+ GPUs): plugins-cuda/tests/test_distributed_gpu.py (kernelize under FSDP2, DDP, device_map,
+# tensor parallel, the Trainer's callback under accelerate FSDP2/DDP; 2-D FSDP2 x TP with 4+ GPUs; each check a
+# torchrun or python subprocess; output in $OUT/pytest-distributed.txt), then distributed_bench.py --nprocs at 1 and
+# every GPU (FSDP2 scaling, $OUT/distributed.json + .png) and trainer_bench.py --gpus N (the Trainer under FSDP2,
+# $OUT/trainer-fsdp2.json). Knobs: DIST_TEST_TIMEOUT (default 480 s), DIST_BENCH_TIMEOUT (330 s), DIST_NPROCS
+# (default "1,<GPUs>"), DIST_VARIANTS (default eager,kernelize_before,kernelize_after), DIST_BENCH_ARGS (e.g.
+# --model qwen3-30b-a3b-4l --batch 2 --seq 4096). NVLink SHARP / multicast stay off (NCCL_NVLS_ENABLE=0
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1) unless set.
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -94,10 +96,13 @@ if [[ " $STAGES " == *" distributed "* ]]; then
   export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}" \
     NVSHMEM_DISABLE_NVLS="${NVSHMEM_DISABLE_NVLS:-1}"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv 2>&1 | tee -a "$OUT/log.txt"
-  (cd plugins-cuda && timeout ${DIST_TEST_TIMEOUT:-300} python3 -m pytest -q -rs --tb=short tests/test_distributed_gpu.py \
+  gpus=$(nvidia-smi -L | wc -l)
+  (cd plugins-cuda && timeout ${DIST_TEST_TIMEOUT:-480} python3 -m pytest -q -rs --tb=short tests/test_distributed_gpu.py \
      -p no:cacheprovider ${PYTEST_ARGS:-}) 2>&1 | tee -a "$OUT/pytest-distributed.txt" | tail -60
-  timeout ${DIST_BENCH_TIMEOUT:-330} python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
-    benchmarks/cuda/distributed_bench.py --out "$OUT/cuda-distributed.json" \
-    ${DIST_VARIANTS:+--variants "$DIST_VARIANTS"} ${DIST_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | tail -60
+  timeout ${DIST_BENCH_TIMEOUT:-330} python3 benchmarks/cuda/distributed_bench.py --nprocs "${DIST_NPROCS:-1,$gpus}" \
+    --variants "${DIST_VARIANTS:-eager,kernelize_before,kernelize_after}" --out "$OUT/distributed.json" \
+    ${DIST_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | tail -40
+  timeout ${DIST_BENCH_TIMEOUT:-330} python3 benchmarks/cuda/trainer_bench.py --gpus "$gpus" \
+    --variants plain,liger,kernelize --out "$OUT/trainer-fsdp2.json" 2>&1 | tee -a "$OUT/log.txt" | tail -20
 fi
 log done
