@@ -275,3 +275,25 @@ def test_a_model_the_trainer_places_later_gets_kernels_for_the_training_device()
     callback.on_init_end(on_cpu, None, None, model=model)
     norms = [e for e in kernels_core.get_report(model).entries if e.kind == "rms_norm" and e.applied]
     assert norms and all(e.device == "cpu" and not e.kernel.startswith("gpu.") for e in norms)
+
+
+@pytest.mark.parametrize("how", ["cpu_ram_efficient_loading", "meta parameters"])
+def test_weights_that_arrive_at_prepare_are_kernelized_when_training_begins(pm, caplog, how):
+    """With FSDP's cpu_ram_efficient_loading only rank 0 holds weights when the Trainer is built (the others hold
+    meta tensors until accelerate prepares the model): kernel choices, which check each module's math on its
+    weights, wait for training to begin, so that every rank decides on the same weights."""
+    model = tiny_causal_lm("qwen3")
+    args = types.SimpleNamespace(device=torch.device("cpu"), use_liger_kernel=False, torch_compile=False,
+                                 fsdp_config={"cpu_ram_efficient_loading": True} if how != "meta parameters" else {},
+                                 output_dir=None)
+    init_model = model.to("meta") if how == "meta parameters" else model
+    callback = KernelizeCallback(plugin_manager=pm)
+    with caplog.at_level(logging.INFO, logger="transformers.trainer.kernels_core"):
+        callback.on_init_end(args, None, None, model=init_model)
+    assert kernels_core.get_report(init_model) is None
+    assert "kernelizing when training begins" in caplog.text
+    # accelerate has loaded (or broadcast) the weights by on_train_begin.
+    prepared = tiny_causal_lm("qwen3")
+    callback.on_train_begin(args, None, None, model=prepared)
+    assert callback.report is not None
+    assert {"rms_norm", "silu_gated_mlp", "causal_lm_loss"} <= {e.kind for e in callback.report.applied}

@@ -9,8 +9,9 @@ either order, ``torch.compile`` traces the kernels at the first step, and TRL's 
 ``Trainer.__init__``, wraps the kernelized forward. Had the callback waited for ``on_train_begin`` (which in
 transformers 5.23 fires after ``accelerator.prepare``), accelerate's mixed-precision wrapper would already be the
 instance forward of the ``*ForCausalLM`` and the loss kind would have to leave it alone. ``on_train_begin``
-kernelizes only a model that is not kernelized yet (``model_init`` builds a new one in ``train()``, or the callback
-was added after the Trainer was built), then logs the summary and writes the report.
+kernelizes only a model that is not kernelized yet (``model_init`` builds a new one in ``train()``, the callback
+was added after the Trainer was built, or the weights arrive only with ``accelerator.prepare``: FSDP's
+``cpu_ram_efficient_loading``, meta parameters), then logs the summary and writes the report.
 """
 
 from __future__ import annotations
@@ -155,6 +156,30 @@ def training_device(args: Any, model: nn.Module, backends: list[tuple[BackendInf
     return torch.device(want) if _find_backend(torch.device(want), backends)[0] is not None else None
 
 
+def weights_arrive_later(args: Any, model: nn.Module) -> str | None:
+    """Why the model's weights are not there yet at ``on_init_end`` (kernelize then waits for training), or None.
+
+    With FSDP's ``cpu_ram_efficient_loading`` only the first process loads the weights; the others hold meta
+    tensors until ``accelerator.prepare`` broadcasts them. Kernel choices check a module's math on its weights,
+    so every process waits for them: a choice made on rank 0 alone would differ from the other ranks'.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> weights_arrive_later(SimpleNamespace(fsdp_config={}), torch.nn.Linear(2, 2)) is None
+        True
+        >>> weights_arrive_later(SimpleNamespace(fsdp_config={"cpu_ram_efficient_loading": "true"}),
+        ...                      torch.nn.Linear(2, 2))[:40]
+        "fsdp_config's cpu_ram_efficient_loading "
+    """
+    fsdp_config = getattr(args, "fsdp_config", None) or {}
+    if str(fsdp_config.get("cpu_ram_efficient_loading", "false")).lower() == "true":
+        return ("fsdp_config's cpu_ram_efficient_loading loads the weights on the first process only; the others "
+                "receive them when accelerate prepares the model")
+    if any(p.device.type == "meta" for p in model.parameters()):
+        return "parameters are on the meta device; their weights arrive when accelerate prepares the model"
+    return None
+
+
 def _check_config(config: object) -> None:
     if config is not None and not isinstance(config, (dict, str, os.PathLike, KernelsConfig)):
         raise TypeError(f"KernelizeCallback option 'config' must be a dict, a TOML path (str or os.PathLike) or a "
@@ -249,8 +274,14 @@ class KernelizeCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         # Before the Trainer (or TRL) wraps anything: kernels then sit inside accelerate's mixed-precision wrapper
         # and under TRL's fused LM head, which both keep calling the forward they found.
-        if model is not None:
-            self._kernelize(args, _unwrap(model), "when the Trainer was built")
+        if model is None:
+            return
+        target = _unwrap(model)
+        why = weights_arrive_later(args, target)
+        if why is not None:
+            logger.info("KernelizeCallback: kernelizing when training begins, not when the Trainer is built: %s", why)
+            return
+        self._kernelize(args, target, "when the Trainer was built")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
                        **kwargs: Any) -> None:
