@@ -1,5 +1,5 @@
-"""kernelize under FSDP2, DDP, accelerate's device_map and transformers tensor parallelism, on two GPUs; FSDP2 x
-tensor parallelism (2-D) on four.
+"""kernelize under FSDP2, DDP, accelerate's device_map and transformers tensor parallelism, and the Trainer's
+``KernelizeCallback`` under accelerate's FSDP2 and DDP, on two GPUs; FSDP2 x tensor parallelism (2-D) on four.
 
 Each check is a worker script under ``distributed_workers/`` run in a subprocess: ``torchrun --standalone
 --nproc_per_node 2`` (4 for the 2-D one) for the process-group ones, plain Python for ``device_map`` (one process,
@@ -9,7 +9,8 @@ on failure. The GPU tests skip unless torch sees two CUDA GPUs (four for 2-D) an
 The same workers run on CPU over gloo (``--device cpu``; device_map then attaches accelerate's hooks with
 ``dispatch_model(force_hooks=True)``): set ``KERNELS_CPU_DISTRIBUTED=1`` to run those variants too (20-60 s each
 on a 2-core CPU). Without it, only each worker's ``--help`` runs on CPU: the scripts import and parse. The 2-D
-worker's CPU variant (four gloo processes, about 20 s on 2 cores) runs always, CI included.
+worker's CPU variant (four gloo processes, about 20 s on 2 cores) runs always, CI included. The Trainer worker is
+GPU only: its CPU/gloo version is ``core/tests/integrations/test_trainer_distributed.py``.
 ``KERNELS_DIST_WORKER_TIMEOUT`` (seconds, default 180) bounds each worker.
 """
 
