@@ -18,18 +18,46 @@ Files this script has no table for are still listed in the inventory with their 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-from collections.abc import Iterable
 from pathlib import Path
+
+
+# Its helpers sit beside it; docs/_hooks.py loads this file by path, so the folder is put on the path here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report_data import _DISTRIBUTED_HEADLINE  # noqa: E402
+from _report_data import _MODEL_NAMES  # noqa: E402
+from _report_data import _MODELS_HEADLINE  # noqa: E402
+from _report_data import RESULTS  # noqa: E402
+from _report_data import ROOT  # noqa: E402
+from _report_data import _commit  # noqa: E402
+from _report_data import _commits  # noqa: E402
+from _report_data import _date  # noqa: E402
+from _report_data import _device  # noqa: E402
+from _report_data import _env  # noqa: E402
+from _report_data import _gpu_counts  # noqa: E402
+from _report_data import _gpus  # noqa: E402
+from _report_data import _k  # noqa: E402
+from _report_data import _long_device  # noqa: E402
+from _report_data import _median  # noqa: E402
+from _report_data import _per_gpu  # noqa: E402
+from _report_data import _rows  # noqa: E402
+from _report_data import _run  # noqa: E402
+from _report_data import _short_device  # noqa: E402
+from _report_data import _table  # noqa: E402
+from _report_data import _trainer_numbers  # noqa: E402
+from _report_data import load_results  # noqa: E402
+from _report_sections import _decode_section  # noqa: E402
+from _report_sections import _distributed_section  # noqa: E402
+from _report_sections import _models_section  # noqa: E402
+from _report_sections import _models_title  # noqa: E402
+from _report_sections import _trainer_section  # noqa: E402
 
 
 __all__ = ["charts", "generated", "headline_chart", "headline_rows", "headline_table", "load_results", "page",
            "summary_table", "update_readme"]
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
 ASSETS = ROOT / "docs" / "assets"
 CHART = ASSETS / "results.svg"
@@ -37,110 +65,8 @@ PAGE = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def load_results(folder: Path = RESULTS) -> dict[str, dict]:
-    """Every ``*.json`` under ``folder``, by file stem (``qwen3-h200``)."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
-
-
-def _env(data: dict) -> dict:
-    return data.get("environment") or {}
-
-
-def _device(data: dict) -> str:
-    env = _env(data)
-    return str(env.get("device") or data.get("device_name") or data.get("machine") or data.get("device") or "?")
-
-
-def _gpus(data: dict) -> int:
-    """How many GPUs the run used (``environment.world_size``; 1 when not recorded)."""
-    return int(_env(data).get("world_size") or 1)
-
-
-def _short_device(data: dict, gpus: int | None = None) -> str:
-    name = _device(data)
-    gpus = _gpus(data) if gpus is None else gpus
-    for short in ("H100", "H200"):
-        if short in name:
-            return f"{gpus}x {short}" if gpus > 1 else short
-    return "CPU" if name in ("cpu", "x86_64", "?") or data.get("device") == "cpu" else name
-
-
-def _long_device(data: dict, gpus: int | None = None) -> str:
-    gpus = _gpus(data) if gpus is None else gpus
-    return f"{gpus}x {_device(data)}" if gpus > 1 else _device(data)
-
-
-def _date(data: dict) -> str:
-    return str(_env(data).get("date") or data.get("date") or "?")[:10]
-
-
-def _commit(data: dict) -> str:
-    return str(data.get("commit") or _env(data).get("commit") or "?")
-
-
-def _commits(data: dict) -> str:
-    """The commit of a file, or of each of its runs."""
-    runs = data.get("runs")
-    if not runs:
-        return f"`{_commit(data)}`"
-    if isinstance(runs, dict):  # distributed_bench: one run per GPU count
-        return ", ".join(f"`{_commit(run)}` ({gpus} GPU{'s' if gpus != '1' else ''})" for gpus, run in runs.items())
-    return ", ".join(f"`{_commit(run)}` ({run['name']})" for run in runs)
-
-
-def _run(data: dict, name: str) -> dict:
-    return next(run for run in data.get("runs", []) if run["name"] == name)
-
-
-def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
-    header = list(header)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def _k(tokens_per_s: float) -> str:
-    return f"{tokens_per_s / 1000:.1f}k"
-
-
-def _rows(data: dict, **match: object) -> dict:
-    return next(row for row in data["rows"] if all(row.get(key) == value for key, value in match.items()))
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The README's headline table: one row per result, short cells, ratios against the baseline of the same run.
-
-_MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
-                "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
-                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
-# models_bench results in the headline: (variant, baseline) pairs per file; the issue's targets are set this way.
-_MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
-                    "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
-# distributed_bench variants in the headline, with the baseline each is compared with.
-_DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
-                         ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"))
-
-
-def _trainer_numbers(data: dict) -> tuple[dict[str, float], dict[str, float]]:
-    """Steady tokens/s and peak GiB (per GPU) of every variant of a trainer_bench file that did not fail."""
-    r = {name: v for name, v in data["results"].items() if "error" not in v}
-    return ({name: v["steady_tokens_per_second"] for name, v in r.items()},
-            {name: v["peak_memory_gib"] for name, v in r.items()})
-
-
-def _per_gpu(gpus: int) -> str:
-    return "/GPU" if gpus > 1 else ""
-
-
-def _gpu_counts(data: dict) -> list[str]:
-    """The GPU counts of a distributed_bench scaling file (its ``runs`` keys), smallest first."""
-    return sorted(data.get("runs") or {}, key=int)
 
 
 def headline_rows(results: dict[str, dict]) -> list[dict]:
@@ -428,157 +354,6 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
         out["decode-h100.svg"] = _bar_chart("Decoding, H100: ms per token (shorter is faster)", rows, " ms",
                                             label_width=330, digits=2)
     return out
-
-
-def _trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    gpus = _gpus(data)
-    rows = []
-    for name, v in data["results"].items():
-        if "error" in v:
-            rows.append((f"`{name}`", "failed", "-", "-", v["error"].strip().splitlines()[-1][:80]))
-            continue
-        rows.append((f"`{name}`", f"{v['steady_tokens_per_second']:,.0f}", f"{v['train_tokens_per_second']:,.0f}",
-                     f"{v['peak_memory_gib']:.2f}", "-"))
-    summary = {key: value for key, value in data.get("summary", {}).items() if value is not None}
-    where = f"one `torchrun` of {gpus} processes per variant" if gpus > 1 else "one process per variant"
-    parts = [f"## Trainer, Qwen3-0.6B shape, {_short_device(data)} (`{stem}.json`)", "",
-             f"{data.get('shape', '')}; {data.get('steps')} steps, {data.get('warmup_steps')} warm-up; "
-             f"{_long_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/trainer_bench.py`, {where}. "
-             "Steady tokens/s leaves out the warm-up steps (and compilation); the Trainer's own figure "
-             "includes them." + (" Tokens/s count every GPU; peak memory is the largest of the GPUs'."
-                                 if gpus > 1 else ""),
-             "", _table(("variant", "steady tokens/s", "Trainer tokens/s", "peak GiB" + (" per GPU" if gpus > 1
-                                                                                            else ""), "error"),
-                        rows), ""]
-    if summary:
-        parts += [_table(("ratio", "value"), ((f"`{key}`", f"{value:.3g}") for key, value in summary.items())), ""]
-    if chart_dir is not None:
-        parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
-    return parts
-
-
-def _loss_diff(data: dict, variant: str) -> str:
-    ratio = data.get("ratios_vs_eager", {}).get(variant)
-    if not ratio or ratio.get("max_rel_loss_diff") is None:
-        return "-"
-    return f"{ratio['max_rel_loss_diff']:.1e} ({ratio['vs']})"
-
-
-def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
-    counts = _gpu_counts(data)
-    runs = [(int(n), data["runs"][n]) for n in counts] or [(_gpus(data), data)]
-    where = " and ".join(str(gpus) for gpus, _ in runs) + f" {_short_device(data, 1)}s"
-    parts = [f"## FSDP2 training, {model}, {where} (`{stem}.json`)", "",
-             f"{data.get('config', '')}; {data.get('steps_timed')} timed steps after {data.get('steps_warmup')} "
-             f"warm-up; {_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
-             "`torchrun` job per GPU count running the variants one after the other from the same seeds and data. "
-             "Tokens/s count every GPU; peak memory is per GPU; the loss "
-             "column is the largest relative difference from the baseline's loss (mean over ranks) at any step.", ""]
-    table = []
-    for gpus, run in runs:
-        v = run.get("variants", {})
-        for name, row in v.items():
-            vs = {base: f"{row['tokens_per_s'] / v[base]['tokens_per_s']:.2f}x" if base in v else "-"
-                  for base in ("eager", "compile")}
-            table.append((gpus, f"`{name}`", f"{row['tokens_per_s']:,.0f}", f"{row['tokens_per_s'] / gpus:,.0f}",
-                          vs["eager"], vs["compile"], f"{row['peak_GiB']:.1f}",
-                          f"{row['first_step_s']:.1f}" if row.get("first_step_s") is not None else "-",
-                          _loss_diff(run, name)))
-    header = ["GPUs", "variant", "tokens/s", "per GPU", "vs eager", "vs compile", "peak GiB per GPU",
-              "first step s", "loss diff (vs)"]
-    if not any(row[5] != "-" for row in table):  # no compile variant: drop its column
-        header.pop(5)
-        table = [row[:5] + row[6:] for row in table]
-    parts += [_table(header, table), ""]
-    scaling = data.get("scaling") or {}
-    if scaling and len(counts) > 1:
-        parts += [f"Tokens/s per GPU, and their ratio to the {counts[0]}-GPU figure (scaling efficiency):", "",
-                  _table(["variant", *(f"{n} GPU{'s' if n != '1' else ''}" for n in counts), "efficiency"],
-                         ((f"`{name}`", *(f"{s['tokens_per_s_per_gpu'][n]:,}" for n in counts),
-                           ", ".join(f"{s['efficiency'][n]:.2f} ({n} GPUs)" for n in counts[1:]))
-                          for name, s in scaling.items())), ""]
-        first, last = data["runs"][counts[0]], data["runs"][counts[-1]]
-        if {"eager", "kernelize_before"} <= scaling.keys() and "kernelize_before" in last.get("ratios_vs_eager", {}):
-            k_eff = scaling["kernelize_before"]["efficiency"][counts[-1]]
-            e_eff = scaling["eager"]["efficiency"][counts[-1]]
-            note = (f"Kernelized before `fully_shard`, the model runs "
-                    f"{first['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x eager on {counts[0]} GPU "
-                    f"and {last['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x on {counts[-1]}: per "
-                    f"GPU it keeps {k_eff:.2f} of its {counts[0]}-GPU throughput, eager {e_eff:.2f}.")
-            if k_eff < e_eff:
-                note += (" Why is not yet profiled; the likely causes are FSDP2's per-layer communication and "
-                         "host-side work, which eager's longer compute hides, and the fused loss's host "
-                         "synchronisation (Liger's forward reads the number of labelled tokens with `.item()` once "
-                         "per step), which keeps the CPU from queueing ahead.")
-            parts += [note, ""]
-    if chart_dir is not None:
-        parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
-    return parts
-
-
-def _models_title(data: dict) -> str:
-    if data.get("what"):
-        return str(data["what"])
-    models = dict.fromkeys(_MODEL_NAMES.get(row["model"], row["model"]) for row in data.get("rows", []))
-    return "Training, " + ", ".join(models) + ", one process per variant"
-
-
-def _profile_split(profile: list[dict]) -> tuple[float, float, float]:
-    """GPU ms of one profiled step: all kernels, the grouped expert GEMMs (CUTLASS grouped problems), fused AdamW."""
-    total = next((k["gpu_ms"] for k in profile if k["kernel"] == "<all kernels>"), None)
-    kernels = [k for k in profile if k["kernel"] != "<all kernels>"]
-    if total is None:
-        total = sum(k["gpu_ms"] for k in kernels)
-    grouped = sum(k["gpu_ms"] for k in kernels if "GroupProblem" in k["kernel"])
-    adamw = sum(k["gpu_ms"] for k in kernels if "FusedOptimizer" in k["kernel"])
-    return total, grouped, adamw
-
-
-def _models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    parts = [f"## {_models_title(data)} (`{stem}.json`)", "",
-             f"{_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}. "
-             f"`benchmarks/cuda/models_bench.py`. {data.get('note', '')}".rstrip(), "",
-             _table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s"),
-                    ((row["model"], f"`{row['variant']}`", f"{row['tokens_per_s']:,}" if row.get("tokens_per_s")
-                      else "failed: " + (row.get("error") or row.get("process_error") or "?")[:60],
-                      row.get("speed_vs_eager", "-"), row.get("speed_vs_compile", "-"),
-                      f"{row['peak_GiB']:.1f}" if row.get("peak_GiB") else "-",
-                      f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-") for row in data["rows"])), ""]
-    # Only where there are expert GEMMs to set apart (MoE shapes).
-    profiled = [row for row in data["rows"] if row.get("profile_one_step")
-                and any("GroupProblem" in k["kernel"] for k in row["profile_one_step"])]
-    if profiled:
-        split = {id(row): _profile_split(row["profile_one_step"]) for row in profiled}
-        parts += ["GPU time of one profiled step (ms), per kernel group:", "",
-                  _table(("model", "variant", "all kernels", "grouped expert GEMMs", "fused AdamW", "share of both"),
-                         ((row["model"], f"`{row['variant']}`", f"{total:.1f}", f"{grouped:.1f}", f"{adamw:.1f}",
-                           f"{(grouped + adamw) / total:.0%}")
-                          for row in profiled for total, grouped, adamw in [split[id(row)]])), ""]
-        for model in dict.fromkeys(row["model"] for row in profiled):
-            fixed = [split[id(row)] for row in profiled if row["model"] == model]
-            both = [grouped + adamw for _, grouped, adamw in fixed]
-            shares = [(grouped + adamw) / total for total, grouped, adamw in fixed]
-            if len(both) > 1 and max(both) / min(both) < 1.1:
-                parts += [f"{_MODEL_NAMES.get(model, model)}: the grouped expert GEMMs and the fused AdamW take "
-                          f"{min(both):.0f}-{max(both):.0f} ms in every variant, {min(shares):.0%}-{max(shares):.0%} "
-                          "of the step's GPU time; the variants differ in the rest.", ""]
-    if chart_dir is not None:
-        parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
-    return parts
-
-
-def _decode_section(data: dict, chart_dir: str | None) -> list[str]:
-    parts = ["## Decoding (`decode-h100.json`)", "", f"{data.get('what', '')}.", ""]
-    for run in data["runs"]:
-        parts += [f"**{run['name']}**: {_device(run)}, commit `{_commit(run)}`; {run.get('config', '')}.", "",
-                  _table(("model", "cache", "batch", "variant", "ms/token", "vs baseline"),
-                         ((row["model"], row["cache"], row["batch"], f"`{row['variant']}`",
-                           f"{row['ms_per_token']:.2f}",
-                           row.get("speed_vs_eager", row.get("speed_vs_compile", "-"))) for row in run["rows"])), ""]
-    if chart_dir is not None:
-        parts += [f"![decode]({chart_dir}/decode-h100.svg)", ""]
-    return parts
 
 
 def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:

@@ -1,0 +1,126 @@
+"""The results files as data for ``report.py``: loading, device and commit cells, table formatting, the model
+names and which variants the README's headline shows.
+
+Example:
+    >>> _k(71400.0), _table(["a", "b"], [[1, 2]]).splitlines()[-1]
+    ('71.4k', '| 1 | 2 |')
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def load_results(folder: Path = RESULTS) -> dict[str, dict]:
+    """Every ``*.json`` under ``folder``, by file stem (``qwen3-h200``)."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+def _env(data: dict) -> dict:
+    return data.get("environment") or {}
+
+
+def _device(data: dict) -> str:
+    env = _env(data)
+    return str(env.get("device") or data.get("device_name") or data.get("machine") or data.get("device") or "?")
+
+
+def _gpus(data: dict) -> int:
+    """How many GPUs the run used (``environment.world_size``; 1 when not recorded)."""
+    return int(_env(data).get("world_size") or 1)
+
+
+def _short_device(data: dict, gpus: int | None = None) -> str:
+    name = _device(data)
+    gpus = _gpus(data) if gpus is None else gpus
+    for short in ("H100", "H200"):
+        if short in name:
+            return f"{gpus}x {short}" if gpus > 1 else short
+    return "CPU" if name in ("cpu", "x86_64", "?") or data.get("device") == "cpu" else name
+
+
+def _long_device(data: dict, gpus: int | None = None) -> str:
+    gpus = _gpus(data) if gpus is None else gpus
+    return f"{gpus}x {_device(data)}" if gpus > 1 else _device(data)
+
+
+def _date(data: dict) -> str:
+    return str(_env(data).get("date") or data.get("date") or "?")[:10]
+
+
+def _commit(data: dict) -> str:
+    return str(data.get("commit") or _env(data).get("commit") or "?")
+
+
+def _commits(data: dict) -> str:
+    """The commit of a file, or of each of its runs."""
+    runs = data.get("runs")
+    if not runs:
+        return f"`{_commit(data)}`"
+    if isinstance(runs, dict):  # distributed_bench: one run per GPU count
+        return ", ".join(f"`{_commit(run)}` ({gpus} GPU{'s' if gpus != '1' else ''})" for gpus, run in runs.items())
+    return ", ".join(f"`{_commit(run)}` ({run['name']})" for run in runs)
+
+
+def _run(data: dict, name: str) -> dict:
+    return next(run for run in data.get("runs", []) if run["name"] == name)
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _k(tokens_per_s: float) -> str:
+    return f"{tokens_per_s / 1000:.1f}k"
+
+
+def _rows(data: dict, **match: object) -> dict:
+    return next(row for row in data["rows"] if all(row.get(key) == value for key, value in match.items()))
+
+
+_MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
+                "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
+                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
+
+
+# models_bench results in the headline: (variant, baseline) pairs per file; the issue's targets are set this way.
+_MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
+                    "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
+
+
+# distributed_bench variants in the headline, with the baseline each is compared with.
+_DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
+                         ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"))
+
+
+def _trainer_numbers(data: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """Steady tokens/s and peak GiB (per GPU) of every variant of a trainer_bench file that did not fail."""
+    r = {name: v for name, v in data["results"].items() if "error" not in v}
+    return ({name: v["steady_tokens_per_second"] for name, v in r.items()},
+            {name: v["peak_memory_gib"] for name, v in r.items()})
+
+
+def _per_gpu(gpus: int) -> str:
+    return "/GPU" if gpus > 1 else ""
+
+
+def _gpu_counts(data: dict) -> list[str]:
+    """The GPU counts of a distributed_bench scaling file (its ``runs`` keys), smallest first."""
+    return sorted(data.get("runs") or {}, key=int)

@@ -1,0 +1,121 @@
+"""The scaling driver of ``distributed_bench.py``: the same job under ``torchrun`` at several GPU counts, one
+results file with every count, tokens/s per GPU, scaling efficiency against the smallest count, and a chart.
+
+Example:
+    >>> runs = {n: {"variants": {"eager": {"tokens_per_s": tokens}}} for n, tokens in ((1, 100.0), (2, 180.0))}
+    >>> scaling(runs)["eager"]["efficiency"]
+    {'1': 1.0, '2': 0.9}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+__all__ = ["chart", "child_args", "scale", "scaling", "scaling_targets"]
+
+
+def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
+    """This job's options for one torchrun at one GPU count."""
+    argv = ["--out", str(out), "--model", args.model, "--variants", args.variants, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats)]
+    argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
+                                   ("--no-reshard", args.no_reshard), ("--profile", args.profile)) if on]
+    argv += [item for key in ("batch", "seq") if getattr(args, key) for item in (f"--{key}", str(getattr(args, key)))]
+    return argv
+
+
+def scaling(runs: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant: tokens/s per GPU at each count and its efficiency against the smallest count's."""
+    counts = sorted(runs)
+    out: dict[str, dict[str, Any]] = {}
+    for name in {name for run in runs.values() for name in run.get("variants", {})}:
+        per_gpu = {n: runs[n]["variants"][name]["tokens_per_s"] / n for n in counts
+                   if "tokens_per_s" in runs[n].get("variants", {}).get(name, {})}
+        if not per_gpu:
+            continue
+        first = min(per_gpu)
+        out[name] = {"tokens_per_s_per_gpu": {str(n): round(v) for n, v in per_gpu.items()},
+                     "efficiency": {str(n): round(v / per_gpu[first], 4) for n, v in per_gpu.items()},
+                     "relative_to_gpus": first}
+    return out
+
+
+def scaling_targets(table: dict[str, dict[str, Any]], baseline: Callable[[str], str | None]) -> list[dict[str, Any]]:
+    """Kernelized variants scale no worse than their eager baseline (1% of slack for run-to-run noise);
+    ``baseline(name)`` is the variant a kernelized one is compared with, None for an eager one."""
+    out = []
+    for name, row in sorted(table.items()):
+        if baseline(name) is None or baseline(name) not in table:
+            continue
+        base = table[baseline(name)]["efficiency"]
+        for n, value in row["efficiency"].items():
+            if n in base and int(n) != row["relative_to_gpus"]:
+                out.append({"name": f"{name} scaling efficiency at {n} GPUs vs {baseline(name)}'s",
+                            "value": [value, base[n]], "target": ">= baseline's - 0.01",
+                            "met": value >= base[n] - 0.01})
+    return out
+
+
+def scale(args: argparse.Namespace, counts: list[int], *, script: str, baseline: Callable[[str], str | None]) -> int:
+    """Run ``script`` under torchrun at each GPU count; one file with every count, scaling and a chart."""
+    from _common import write_json
+
+    runs: dict[int, dict[str, Any]] = {}
+    failed = False
+    for n in counts:
+        part = args.out.with_name(f".{args.out.stem}-{n}.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), script,
+               *child_args(args, part)]
+        print(f"== {n} processes: {' '.join(cmd)}", flush=True)
+        failed |= subprocess.run(cmd, check=False).returncode != 0
+        try:
+            runs[n] = json.loads(part.read_text())
+        except (OSError, ValueError) as exc:
+            runs[n] = {"error": f"no result from the {n}-process job: {exc}"}
+            failed = True
+    table = scaling(runs)
+    checks = [{**c, "name": f"{n} GPUs: {c['name']}"} for n, run in runs.items() for c in run.get("targets", [])]
+    checks += scaling_targets(table, baseline)
+    largest = runs[max(counts)]
+    write_json(args.out, {"environment": largest.get("environment"), "model": args.model,
+                          "config": largest.get("config"), "steps_timed": args.steps, "steps_warmup": args.warmup,
+                          "runs": {str(n): run for n, run in runs.items()}, "scaling": table, "targets": checks,
+                          "all_targets_met": all(c["met"] for c in checks)})
+    for name, row in sorted(table.items()):
+        print(f"{name:20} tokens/s per GPU {row['tokens_per_s_per_gpu']}  efficiency {row['efficiency']}")
+    for check in checks:
+        print(f"[{'ok' if check['met'] else 'MISSED'}] {check['name']}: {check['value']} (target {check['target']})")
+    chart(runs, table, args.out.with_suffix(".png"), args.model)
+    print(f"wrote {args.out}", flush=True)
+    return 1 if failed else 0
+
+
+def chart(runs: dict[int, dict[str, Any]], table: dict[str, dict[str, Any]], path: pathlib.Path,
+           model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, row in sorted(table.items()):
+        counts = [int(n) for n in row["tokens_per_s_per_gpu"]]
+        left.plot(counts, list(row["tokens_per_s_per_gpu"].values()), marker="o", label=name)
+        peaks = [runs[n]["variants"][name].get("peak_GiB") for n in counts]
+        right.plot(counts, [p or 0 for p in peaks], marker="o", label=name)
+    for axis, label in ((left, "tokens/s per GPU"), (right, "peak GiB per rank")):
+        axis.set_xlabel("GPUs")
+        axis.set_ylabel(label)
+        axis.set_xticks(sorted(runs))
+        axis.legend(fontsize=8)
+    fig.suptitle(f"FSDP2 training, {model} shape")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
