@@ -284,6 +284,7 @@ def test_weights_that_arrive_at_prepare_are_kernelized_when_training_begins(pm, 
     weights, wait for training to begin, so that every rank decides on the same weights."""
     model = tiny_causal_lm("qwen3")
     args = types.SimpleNamespace(device=torch.device("cpu"), use_liger_kernel=False, torch_compile=False,
+                                 fsdp=["full_shard"] if how != "meta parameters" else [],
                                  fsdp_config={"cpu_ram_efficient_loading": True} if how != "meta parameters" else {},
                                  output_dir=None)
     init_model = model.to("meta") if how == "meta parameters" else model

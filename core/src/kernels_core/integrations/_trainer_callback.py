@@ -165,13 +165,13 @@ def weights_arrive_later(args: Any, model: nn.Module) -> str | None:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> weights_arrive_later(SimpleNamespace(fsdp_config={}), torch.nn.Linear(2, 2)) is None
+        >>> weights_arrive_later(SimpleNamespace(fsdp=[], fsdp_config={}), torch.nn.Linear(2, 2)) is None
         True
-        >>> weights_arrive_later(SimpleNamespace(fsdp_config={"cpu_ram_efficient_loading": "true"}),
-        ...                      torch.nn.Linear(2, 2))[:40]
+        >>> fsdp = SimpleNamespace(fsdp=["full_shard"], fsdp_config={"cpu_ram_efficient_loading": "true"})
+        >>> weights_arrive_later(fsdp, torch.nn.Linear(2, 2))[:40]
         "fsdp_config's cpu_ram_efficient_loading "
     """
-    fsdp_config = getattr(args, "fsdp_config", None) or {}
+    fsdp_config = (getattr(args, "fsdp_config", None) or {}) if getattr(args, "fsdp", None) else {}
     if str(fsdp_config.get("cpu_ram_efficient_loading", "false")).lower() == "true":
         return ("fsdp_config's cpu_ram_efficient_loading loads the weights on the first process only; the others "
                 "receive them when accelerate prepares the model")
