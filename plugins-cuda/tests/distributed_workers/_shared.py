@@ -56,15 +56,16 @@ def init_distributed(device_type: str) -> torch.device:
     return device
 
 
-def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True
-         ) -> torch.nn.Module:
-    """FSDP2 (``fully_shard`` on every decoder layer, then the root: the usual recipe) or DDP around ``model``."""
+def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True,
+         mesh: Any = None) -> torch.nn.Module:
+    """FSDP2 (``fully_shard`` on every decoder layer, then the root: the usual recipe; over ``mesh``, by default
+    every rank) or DDP around ``model``."""
     if how == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for layer in model.model.layers:
-            fully_shard(layer, reshard_after_forward=reshard_after_forward)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -130,6 +131,30 @@ def normalise(module_name: str) -> str:
 def choices(report: Any) -> dict[str, str | None]:
     """(module, kind) -> kernel id (None where declined): what must not depend on when kernelize ran."""
     return {f"{normalise(e.module)}|{e.kind}": e.kernel for e in report.entries}
+
+
+def choice_differences(a: Any, b: Any) -> list[str]:
+    """The (module, kind) pairs two reports gave different kernels, as ``key: a / b`` lines."""
+    ca, cb = choices(a), choices(b)
+    return [f"{key}: {ca.get(key)} / {cb.get(key)}" for key in sorted(set(ca) | set(cb)) if ca.get(key) != cb.get(key)]
+
+
+def finish(checkpoint: str | None = None) -> None:
+    """End a worker whose checks all passed: wait for every rank, remove the shared checkpoint, leave.
+
+    Only on success: after a failure the ranks may be in different places, and a barrier there would hang. The
+    process leaves without the interpreter's teardown: now and then a gloo thread still joinable there aborts it
+    ("terminate called without an active exception") after every check has passed.
+    """
+    import shutil
+
+    dist.barrier()
+    if checkpoint is not None and dist.get_rank() == 0:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def declared_kinds(backend: str) -> set[str]:

@@ -29,10 +29,7 @@ on the first failure, printing the report.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shutil
-import sys
 import warnings
 from typing import Any
 
@@ -40,13 +37,15 @@ import torch
 import torch.distributed as dist
 from _shared import DTYPES
 from _shared import check
-from _shared import choices
+from _shared import choice_differences
 from _shared import fail
+from _shared import finish
 from _shared import init_distributed
 from _shared import local
 from _shared import log
 from _shared import rel
 from _shared import shared_checkpoint
+from _shared import wrap
 
 
 # Relative loss tolerances per dtype: (kernelize before vs after, kernelized vs eager 2-D), at every one of the
@@ -64,14 +63,6 @@ TOLERANCES = {"float32": (1e-4, 1e-4), "bfloat16": (1e-2, 2e-2)}
 # (the fused loss over a vocabulary-sharded lm_head, the per-head q/k norms behind TP's own forward hooks) may be
 # declined, with a reason.
 LOCAL_KINDS = ("rms_norm", "silu_gated_mlp")
-
-
-def shard_dp(model: Any, dp_mesh: Any) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
 
 
 def load(path: str, dtype: torch.dtype, how: str, mesh: Any, tp: int) -> Any:
@@ -187,7 +178,7 @@ def train(order: str | None, how: str, dtype_name: str, args: argparse.Namespace
              f"not the mesh's {args.tp} (it ignores device_mesh); use --load native or auto")
     report = kernelize() if order == "before" else None
     if how == "mesh":
-        shard_dp(model, mesh["dp"])
+        wrap(model, "fsdp", device, mesh=mesh["dp"])
     if order == "after":
         report = kernelize()
     check_2d(model, what, args.tp)
@@ -283,26 +274,16 @@ def main() -> None:
                       f"eager {e} (relative {rel(k, e):.2e}, tolerance {eager_tol})", runs[order]["report"])
         if "before" in runs and "after" in runs:
             before, after = runs["before"], runs["after"]
-            ca, cb = choices(before["report"]), choices(after["report"])
-            differ = [f"{k}: before {ca.get(k)} / after {cb.get(k)}" for k in sorted(set(ca) | set(cb))
-                      if ca.get(k) != cb.get(k)]
-            check(not differ, f"{what}: kernel choices depend on the order: {differ}", after["report"])
+            differ = choice_differences(before["report"], after["report"])
+            check(not differ, f"{what}: kernel choices depend on the order (before / after): {differ}",
+                  after["report"])
             for step, (b, a) in enumerate(zip(before["losses"], after["losses"], strict=True)):
                 check(rel(a, b) <= pair_tol, f"{what} step {step}: kernelize before fully_shard {b} vs after {a} "
                       f"(tolerance {pair_tol})")
         worst = max(rel(k, e) for order in orders[1:] for k, e in zip(runs[order]["losses"], eager, strict=True))
         log(f"{what} ({how}; kernelize {', '.join(orders[1:])} fully_shard): OK; worst loss difference from eager "
             f"{worst:.2e} over {args.steps} steps; {runs[orders[-1]]['report'].summary()}")
-    # Only on success: after a failure the ranks may be in different places, and a barrier there would hang.
-    dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
-    dist.destroy_process_group()
-    # Leave without the interpreter's teardown: now and then a gloo thread still joinable there aborts the process
-    # ("terminate called without an active exception") after every check has passed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(path)
 
 
 if __name__ == "__main__":

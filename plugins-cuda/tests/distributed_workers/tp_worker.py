@@ -15,7 +15,6 @@ may be used, the others must be declined with a reason, never crash the step.
 from __future__ import annotations
 
 import argparse
-import shutil
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from _shared import DTYPES
 from _shared import check
 from _shared import fail
+from _shared import finish
 from _shared import init_distributed
 from _shared import local
 from _shared import log
@@ -103,11 +103,7 @@ def main() -> None:
     bad = {name: f"{error:.2e}" for name, error in errors.items() if error > grad_tol}
     check(not bad, f"gradients differ from eager's by more than {grad_tol} (relative norm) on {bad}", report)
     log(f"tp {args.dtype}: OK; worst gradient {worst} {errors[worst]:.2e}; {report.summary()}")
-    # Only on success: after a failure the ranks may be in different places, and a barrier there would hang.
-    dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
-    dist.destroy_process_group()
+    finish(path)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from _shared import DTYPES
 from _shared import check
 from _shared import check_report
-from _shared import choices
+from _shared import choice_differences
 from _shared import init_distributed
 from _shared import log
 from _shared import rel
@@ -84,10 +84,8 @@ def main() -> None:
         what = f"{args.wrap} {dtype_name}"
         check_report(before["report"], backend, what=f"{what} kernelize before wrapping")
         check_report(after["report"], backend, what=f"{what} kernelize after wrapping")
-        ca, cb = choices(before["report"]), choices(after["report"])
-        keys = sorted(set(ca) | set(cb))
-        differ = [f"{k}: before {ca.get(k)} / after {cb.get(k)}" for k in keys if ca.get(k) != cb.get(k)]
-        check(not differ, f"{what}: kernel choices depend on the order: {differ}", after["report"])
+        differ = choice_differences(before["report"], after["report"])
+        check(not differ, f"{what}: kernel choices depend on the order (before / after): {differ}", after["report"])
         pair_tol, eager_tol = TOLERANCES[dtype_name]
         eager = runs["eager"]["losses"]
         log(f"{what}: losses eager {eager} / before {before['losses']} / after {after['losses']}")
