@@ -102,6 +102,19 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
     }, step
 
 
+def distributed_workers():  # noqa: ANN201 - a module
+    """The distributed GPU tests' helpers (``plugins-cuda/tests/distributed_workers/_shared.py``: process group with
+    NVLink multicast off, FSDP2/DDP wrapping), which the multi-GPU benchmarks use too."""
+    import sys
+
+    workers = pathlib.Path(__file__).resolve().parents[2] / "plugins-cuda" / "tests" / "distributed_workers"
+    if str(workers) not in sys.path:
+        sys.path.insert(0, str(workers))
+    import _shared
+
+    return _shared
+
+
 def set_loss_chunk_rows(modifier: str) -> None:
     """Apply a ``chunk<N>`` variant modifier: the fused loss's token chunks at about N rows (a tuning override)."""
     from kernels_triton import _loss

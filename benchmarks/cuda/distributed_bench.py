@@ -86,13 +86,9 @@ def setup(device_type: str) -> torch.device:
 
 
 def _workers():  # noqa: ANN202 - a module
-    # The distributed GPU tests' helpers (process group, FSDP2/DDP wrapping) serve the benchmark too.
-    workers = HERE.parents[1] / "plugins-cuda" / "tests" / "distributed_workers"
-    if str(workers) not in sys.path:
-        sys.path.insert(0, str(workers))
-    import _shared
+    from _common import distributed_workers
 
-    return _shared
+    return distributed_workers()
 
 
 def _normalise(module_name: str) -> str:
@@ -324,7 +320,7 @@ def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
         before, after = rows.get(f"{prefix}kernelize_before"), rows.get(f"{prefix}kernelize_after")
         if before is None or after is None:
             continue  # a pair is compared only when both orders ran
-        ok = before is not None and after is not None and "error" not in before and "error" not in after
+        ok = "error" not in before and "error" not in after
         ratio = _ratio(before["tokens_per_s"], after["tokens_per_s"]) if ok else None
         add(f"{prefix}kernelize_before / {prefix}kernelize_after tokens/s", ratio, f"within {TARGET_BEFORE_AFTER:.0%}",
             ratio is not None and abs(ratio - 1) <= TARGET_BEFORE_AFTER)

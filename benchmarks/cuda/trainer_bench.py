@@ -28,8 +28,6 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False) -> dict:
-    import os
-
     import torch
     from transformers import Trainer
     from transformers import TrainerCallback
@@ -114,8 +112,12 @@ def main() -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from _common import distributed_workers
     from _common import environment
     from _common import write_json
+
+    if opts.gpus > 1:
+        distributed_workers().set_distributed_env()  # NVLink multicast off, inherited by every torchrun below
 
     results = {}
     for variant in opts.variants.split(","):
@@ -124,9 +126,7 @@ def main() -> int:
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.gpus)]
         proc = subprocess.run([*launcher, __file__, "--out", str(opts.out), "--steps", str(opts.steps),
                                "--warmup", str(opts.warmup), "--gpus", str(opts.gpus), "--one", variant],
-                              capture_output=True, text=True, env={**os.environ, "NCCL_NVLS_ENABLE": "0",
-                                                                   "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                                                                   "NVSHMEM_DISABLE_NVLS": "1"})
+                              capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             results[variant] = {"variant": variant, "error": proc.stderr[-3000:]}
