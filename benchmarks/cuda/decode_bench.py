@@ -1,8 +1,14 @@
 """Greedy decoding through ``model.generate``: milliseconds per generated token, eager against kernelize, compile
 and kernelize + compile, on the Qwen3-0.6B shape and the Llama-3.1-8B shape cut to 4 layers (random weights, bf16),
-batch 1 and 8, dynamic and static cache. Each (model, variant) runs in a fresh process.
+batch 1 and 8, dynamic and static cache. Each (model, variant) runs in a fresh process, ``--rounds`` times in
+alternating order; a cell's figure is the median over its rounds (one process's decode speed varies by up to
+10% from the next one's, more than most differences between variants).
 
-    python benchmarks/cuda/decode_bench.py --out benchmarks/results/decode-h100.json
+    python benchmarks/cuda/decode_bench.py --models llama-3.1-8b-4l --out benchmarks/results/decode-h100.json
+    python benchmarks/cuda/decode_bench.py --models qwen3-0.6b --add --out benchmarks/results/decode-h100.json
+
+``--add`` keeps the rows of other models already in ``--out`` when they were measured at the same commit on the
+same device, so one file can be filled by several shorter runs.
 
 Variants: ``eager``; ``kernelize`` (``Mode.INFERENCE``); ``compile`` and ``kernelize_compile`` (``Mode.INFERENCE |
 Mode.TORCH_COMPILE``). Without compile, generate's own compilation is switched off (``disable_compile``). With
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import sys
 import time
 import traceback
@@ -174,6 +181,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--compile-timeout", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3, help="processes per (model, variant), alternating")
+    parser.add_argument("--add", action="store_true",
+                        help="keep --out's rows of other models measured at this commit on this device")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -190,37 +200,73 @@ def main() -> None:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from _common import environment
     from _common import run_child
+
+    models, variants = args.models.split(","), args.variants.split(",")
+    by_cell: dict[tuple, list[dict]] = {}
+    kept = []
+    if args.add and args.out.exists():
+        kept = _kept_rows(json.loads(args.out.read_text()), environment(), set(models))
+    for round_index in range(args.rounds):
+        # Alternating order: a slow drift of the machine lands on every variant alike.
+        for model_name in models:
+            for variant in variants if round_index % 2 == 0 else variants[::-1]:
+                tmp = args.out.with_name(f".{model_name}-{variant}.json")
+                cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
+                       "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
+                       "--new-tokens", str(args.new_tokens),
+                       "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
+                cmd += ["--profile"] if args.profile and round_index == 0 else []
+                limit = args.compile_timeout if variant.endswith("compile") else args.timeout
+                got, error = run_child(cmd, tmp, timeout=limit)
+                got = got or [{"model": model_name, "variant": variant}]
+                if error:
+                    got[-1]["process_error"] = error
+                for row in got:
+                    brief = {k: v for k, v in row.items()
+                             if k not in ("profile", "traceback", "binding", "tokens_head")}
+                    print(json.dumps({"round": round_index, **brief}), flush=True)
+                    key = (row["model"], row["variant"], row.get("cache"), row.get("batch"))
+                    by_cell.setdefault(key, []).append(row)
+        # Written after every round: a run cut short by a time limit still leaves its finished rounds.
+        _write(args, by_cell, kept, done=round_index + 1)
+
+
+def _write(args: argparse.Namespace, by_cell: dict[tuple, list[dict]], kept: list[dict], *, done: int) -> None:
+    from _common import environment
     from _common import write_json
 
-    rows = []
-    for model_name in args.models.split(","):
-        for variant in args.variants.split(","):
-            tmp = args.out.with_name(f".{model_name}-{variant}.json")
-            cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
-                   "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
-                   "--new-tokens", str(args.new_tokens),
-                   "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
-            cmd += ["--profile"] if args.profile else []
-            limit = args.compile_timeout if variant.endswith("compile") else args.timeout
-            got, error = run_child(cmd, tmp, timeout=limit)
-            got = got or [{"model": model_name, "variant": variant}]
-            if error:
-                got[-1]["process_error"] = error
-            for row in got:
-                brief = {k: v for k, v in row.items() if k not in ("profile", "traceback", "binding", "tokens_head")}
-                print(json.dumps(brief), flush=True)
-                for op in row.get("profile", [])[:12]:
-                    print(f"    {op['cpu_self_ms']:8.2f} ms cpu {op['gpu_ms']:8.2f} ms gpu {op['calls']:6d}x "
-                          f"{op['op']}", flush=True)
-            rows.extend(got)
+    rows = kept + [_median_row(cell) for cell in by_cell.values()]
     _ratios(rows)
     write_json(args.out, {
         "environment": environment(),
         "config": f"greedy generate, prompt {args.prompt} tokens, {args.new_tokens} new tokens, bf16, sdpa; "
-                  "ms_per_token excludes the prefill (a 1-token generate)",
+                  f"ms_per_token excludes the prefill (a 1-token generate); median of {done} processes per cell",
         "rows": rows,
     })
     _chart(rows, args.out.with_suffix(".png"))
+
+
+def _median_row(rounds: list[dict]) -> dict:
+    """One cell's row: the first round's (first generate cold, profile) with the median ms per token of all."""
+    row = dict(rounds[0])
+    values = [r["ms_per_token"] for r in rounds if r.get("ms_per_token")]
+    if values:
+        row["ms_per_token_rounds"] = values
+        row["ms_per_token"] = round(statistics.median(values), 3)
+    errors = [r[k] for r in rounds for k in ("error", "process_error") if r.get(k)]
+    if errors and not values:
+        row["error"] = errors[0]
+    return row
+
+
+def _kept_rows(previous: dict, env: dict, models: set[str]) -> list[dict]:
+    """Rows of ``previous`` (a file this script wrote) for other models, if measured at this commit and device."""
+    old_env = previous.get("environment", {})
+    if (old_env.get("commit"), old_env.get("device")) != (env["commit"], env["device"]):
+        print(f"--add: {old_env.get('commit')} on {old_env.get('device')} is not this run's commit and device; "
+              "its rows are dropped", file=sys.stderr)
+        return []
+    return [row for row in previous.get("rows", []) if row.get("model") not in models]
 
 
 def _ratios(rows: list[dict]) -> None:
