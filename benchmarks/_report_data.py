@@ -70,10 +70,6 @@ def _commits(data: dict) -> str:
     return ", ".join(f"`{_commit(run)}` ({run['name']})" for run in runs)
 
 
-def _run(data: dict, name: str) -> dict:
-    return next(run for run in data.get("runs", []) if run["name"] == name)
-
-
 def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
     header = list(header)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

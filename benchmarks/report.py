@@ -43,7 +43,6 @@ from _report_data import _long_device  # noqa: E402
 from _report_data import _median  # noqa: E402
 from _report_data import _per_gpu  # noqa: E402
 from _report_data import _rows  # noqa: E402
-from _report_data import _run  # noqa: E402
 from _report_data import _short_device  # noqa: E402
 from _report_data import _table  # noqa: E402
 from _report_data import _trainer_numbers  # noqa: E402
@@ -176,17 +175,14 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 _commit(data))
     if "decode-h100" in results:
         data = results["decode-h100"]
-        rerun, prof = _run(data, "llama-dynamic-b1-rerun"), _run(data, "llama-profiled")
-        b1 = _rows(rerun, variant="eager")["ms_per_token"] / _rows(rerun, variant="kernelize")["ms_per_token"]
-        b8 = (_rows(prof, variant="eager", cache="dynamic", batch=8)["ms_per_token"]
-              / _rows(prof, variant="kernelize", cache="dynamic", batch=8)["ms_per_token"])
-        add("decode-h100", "Decoding, Llama-3.1-8B shape (4 layers), dynamic cache: kernelize", "eager",
-            b1, f"{b1:.2f}x (batch 1), {b8:.2f}x (batch 8)", "-", f"{_commit(rerun)}, {_commit(prof)}")
-        comp = _run(data, "llama-static-compile")
-        ratios = [_rows(comp, variant="compile", batch=b)["ms_per_token"]
-                  / _rows(comp, variant="kernelize_compile", batch=b)["ms_per_token"] for b in (1, 8)]
-        add("decode-h100", "Decoding, same shape, static cache, compiled: kernelize + compile", "`torch.compile`",
-            ratios[0], f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-", _commit(comp))
+        for model in dict.fromkeys(row["model"] for row in data["rows"]):
+            for cache, variant, base, label in (("dynamic", "kernelize", "eager", "kernelize"),
+                                                ("static", "kernelize_compile", "compile", "kernelize + compile")):
+                ratios = [_decode_ms(data, model, cache, batch, base) / _decode_ms(data, model, cache, batch, variant)
+                          for batch in (1, 8)]
+                add("decode-h100", f"Decoding, {_MODEL_NAMES.get(model, model)}, {cache} cache: {label}",
+                    "eager" if base == "eager" else "`torch.compile`", ratios[0],
+                    f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-", _commit(data))
     for stem in ("portable-cpu",):
         if stem in results:
             data = results[stem]
@@ -195,6 +191,10 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             add(stem, "Portable kernels only (no vendor plugin), training step", "eager", speed, f"{speed:.2f}x",
                 f"**{summary['peak_ratio_vs_eager']:.2f}x**", _commit(data))
     return out
+
+
+def _decode_ms(data: dict, model: str, cache: str, batch: int, variant: str) -> float:
+    return float(_rows(data, model=model, cache=cache, batch=batch, variant=variant)["ms_per_token"])
 
 
 def headline_table(results: dict[str, dict]) -> str:
@@ -347,10 +347,7 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
                                             label_width=300)
     if "decode-h100" in results:
         rows = [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
-                for run in results["decode-h100"]["runs"] if run["name"] != "llama-profiled"
-                for row in run["rows"]]
-        rows += [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
-                 for row in _run(results["decode-h100"], "llama-profiled")["rows"]]
+                for row in results["decode-h100"]["rows"]]
         out["decode-h100.svg"] = _bar_chart("Decoding, H100: ms per token (shorter is faster)", rows, " ms",
                                             label_width=330, digits=2)
     return out

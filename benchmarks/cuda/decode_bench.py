@@ -238,9 +238,13 @@ def _write(args: argparse.Namespace, by_cell: dict[tuple, list[dict]], kept: lis
     rows = kept + [_median_row(cell) for cell in by_cell.values()]
     _ratios(rows)
     write_json(args.out, {
+        "benchmark": "decode_bench",
+        "what": "greedy generate, ms per generated token with the prefill taken out, each (model, variant) in its "
+                "own process",
         "environment": environment(),
         "config": f"greedy generate, prompt {args.prompt} tokens, {args.new_tokens} new tokens, bf16, sdpa; "
-                  f"ms_per_token excludes the prefill (a 1-token generate); median of {done} processes per cell",
+                  "ms_per_token excludes the prefill (a 1-token generate) and is the median over the row's processes "
+                  "(ms_per_token_rounds)",
         "rows": rows,
     })
     _chart(rows, args.out.with_suffix(".png"))

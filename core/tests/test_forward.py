@@ -11,10 +11,10 @@ import torch
 from kernels_core._forward import GlobalOverride
 from kernels_core._forward import KernelForward
 from kernels_core._forward import ReroutedForward
-from kernels_core._forward import _rewrap
 from kernels_core._forward import decorator_chain_problem
 from kernels_core._forward import locate_problem
 from kernels_core._forward import ref_problem
+from kernels_core._forward import rewrap
 from kernels_core._types import Match
 
 
@@ -42,7 +42,7 @@ def test_a_wraps_chain_is_rebuilt_around_the_new_function_and_keeps_running():
         return x * 10
 
     assert decorator_chain_problem(original) is None
-    rebuilt = _rewrap(original, replacement)
+    rebuilt = rewrap(original, replacement)
     # Both wrappers ran; the innermost one now calls the replacement.
     assert rebuilt(2) == 20 and len(log) == 2 and log[-1] == "replacement"
     # The original chain is untouched.

@@ -32,6 +32,7 @@ __all__ = [
     "load_ref",
     "locate_problem",
     "ref_problem",
+    "rewrap",
 ]
 
 logger = logging.getLogger(__name__)
@@ -207,11 +208,22 @@ def decorator_chain_problem(forward: Any) -> str | None:
     return None if isinstance(fn, types.FunctionType) else "the class forward is not a plain Python function"
 
 
-def _rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
-    """``wrapper`` (a decorator chain) re-created around ``innermost`` instead of the function it wrapped."""
+def rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
+    """``wrapper`` (a decorator chain) re-created around ``innermost`` instead of the function it wrapped.
+
+    Example:
+        >>> import functools
+        >>> def deco(fn):
+        ...     @functools.wraps(fn)
+        ...     def wrapper(*args, **kwargs):
+        ...         return fn(*args, **kwargs) + 1
+        ...     return wrapper
+        >>> rewrap(deco(lambda x: x), lambda x: 10 * x)(2)
+        21
+    """
     if not hasattr(wrapper, "__wrapped__"):
         return innermost
-    inner = _rewrap(wrapper.__wrapped__, innermost)
+    inner = rewrap(wrapper.__wrapped__, innermost)
     index = _inner_cell(wrapper)
     if index is None:
         raise TypeError(decorator_chain_problem(wrapper))
@@ -442,7 +454,7 @@ class ReroutedForward(_LazyForward):
         rerouted.__qualname__ = base.__qualname__
         rerouted.__doc__ = base.__doc__
         # Decorators (transformers wraps model forwards in capture_outputs and the like) keep running around it.
-        return _rewrap(decorated, rerouted).__get__(self.module, type(self.module))
+        return rewrap(decorated, rerouted).__get__(self.module, type(self.module))
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import kernels_core
 import pytest
 import torch
@@ -79,3 +81,25 @@ def test_post_processed_logits_are_left_alone(ref_pm):
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
     entry = next(e for e in kernels_core.get_report(model).entries if e.kind == "causal_lm_loss")
     assert entry.kernel is None and "not a standard causal-LM template" in entry.reason
+
+
+def test_fused_forward_takes_arguments_as_the_template_does(ref_pm, calls):
+    """Positional arguments and the cache keyword of either spelling reach the fused path as the template's would."""
+    from kernels_core._kinds._causal_lm import cache_name
+
+    model = tiny_causal_lm("llama")
+    ids = torch.randint(3, 100, (2, 9))
+    eager_loss = model(input_ids=ids, labels=ids).loss
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    cache = cache_name(inspect.unwrap(type(model).forward))
+    calls.clear()
+    # input_ids, attention_mask, position_ids, cache, inputs_embeds, labels: positionally.
+    positional = model(ids, None, None, None, None, ids)
+    assert calls["causal_lm_loss"] == 1 and positional.logits is None
+    assert_close(positional.loss, eager_loss)
+    for keyword in {cache, "past_key_values"}:  # the old spelling, where transformers still takes it
+        asked = model(input_ids=ids, labels=ids, use_cache=True, **{keyword: None})
+        assert asked.logits is None and getattr(asked, cache).get_seq_length() == ids.shape[1]
+    assert calls["causal_lm_loss"] == 1 + len({cache, "past_key_values"})
+    with pytest.raises(TypeError):
+        model(ids, input_ids=ids, labels=ids)

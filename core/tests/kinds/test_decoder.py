@@ -215,6 +215,45 @@ def test_probe_declines_a_template_lookalike_whose_math_differs(ref_pm):
         assert_close(model(input_ids=ids).logits, eager, what="logits of the declined layers")
 
 
+def _renaming(old: str, new: str):
+    """A keyword-renaming decorator in the style of transformers' ``deprecate_kwarg``."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def renamed(*args, **kwargs):
+            if old in kwargs:
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return renamed
+    return decorate
+
+
+def test_decorators_around_the_layer_forward_are_kept_around_the_fused_one(ref_pm, calls):
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    class RenamingLayer(LlamaDecoderLayer):
+        forward = _renaming("mask", "attention_mask")(LlamaDecoderLayer.forward)
+
+    model = _model("llama")
+    for layer in model.model.layers:
+        layer.__class__ = RenamingLayer
+    layer = model.model.layers[0]
+    hidden = torch.randn(1, 5, model.config.hidden_size)
+    positions = model.model.rotary_emb(hidden, torch.arange(5)[None])
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+    mask[..., 1:, 0] = False  # not the causal pattern SDPA applies when no mask arrives
+    with torch.no_grad():
+        eager = layer(hidden, mask=mask, position_embeddings=positions)
+        unmasked = layer(hidden, position_embeddings=positions)
+    assert not torch.allclose(eager, unmasked), "the mask must matter, or the renaming is not tested"
+    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_pm)
+    assert {e.kernel for e in _rows(model)} == {"ref.residual_rms_norm"}, _rows(model)
+    calls.clear()
+    with torch.no_grad():
+        fused = layer(hidden, mask=mask, position_embeddings=positions)
+    assert calls[KIND] == 1
+    assert_close(fused, eager, what="fused layer called with the renamed keyword")
+
+
 def test_attention_dropout_is_matched_with_identical_random_streams(ref_pm):
     # Dropout inside the layer's own sub-modules is the layer's math; the probe compares both forwards under the
     # same random stream, and leaves the caller's stream where it was.

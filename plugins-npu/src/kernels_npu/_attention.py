@@ -20,6 +20,7 @@ transformers built (SDPA bool, eager additive float, flash 2-D padding, or none)
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -163,7 +164,8 @@ def match(module: torch.nn.Module, qualified_name: str, ctx: object) -> Match | 
     there is no model math to probe. Declines what ``npu_fusion_attention`` cannot compute.
     """
     forward = getattr(type(module), "forward", None)
-    code = getattr(forward, "__code__", None)
+    # Read the code under decorators (transformers 5.24 wraps forwards to rename deprecated keywords).
+    code = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
     if code is None or GLOBAL_NAME not in code.co_names or "get_interface" not in code.co_names:
         return None
     softcap = getattr(module, "attn_logit_softcapping", None)

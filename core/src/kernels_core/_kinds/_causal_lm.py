@@ -26,7 +26,7 @@ from ._context import dtensor_placements
 from ._context import plain_class_forward
 
 
-__all__ = ["adapt_causal_lm", "match_causal_lm"]
+__all__ = ["adapt_causal_lm", "cache_name", "match_causal_lm"]
 
 _COMMON = frozenset({
     "attentions", "config", "hidden_states", "last_hidden_state", "lm_head", "loss_function", "model",
@@ -63,10 +63,21 @@ def _accepted(name: str) -> list[tuple[frozenset[str], tuple[str, ...]]]:
     return [(n, a) for n in (names, inline) for a in (args, with_cache_position)]
 
 
+# transformers 5.24 renamed the cache argument and output field from `past_key_values` to `cache` (the old keyword
+# still accepted through a deprecation wrapper); the templates are spelled with the old name.
+_RENAMED_CACHE = {"cache": "past_key_values"}
+
+
+def cache_name(forward: Callable[..., Any]) -> str:
+    """What the forward calls its KV-cache argument: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
+    code = forward.__code__
+    return "cache" if "cache" in code.co_varnames[: code.co_argcount] else "past_key_values"
+
+
 def _template(module: nn.Module) -> str | None:
     code = plain_class_forward(module).__code__
-    names = frozenset(code.co_names)
-    args = code.co_varnames[: code.co_argcount]
+    names = frozenset(_RENAMED_CACHE.get(n, n) for n in code.co_names)
+    args = tuple(_RENAMED_CACHE.get(a, a) for a in code.co_varnames[: code.co_argcount])
     for name in _TEMPLATES:
         if (names, args) in _accepted(name):
             return name
@@ -84,7 +95,7 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
 
     template = _template(module)
     if template is None:
-        known = _TEMPLATES["moe"] | _TEMPLATES["softcap"] | _INLINE_SLICE
+        known = _TEMPLATES["moe"] | _TEMPLATES["softcap"] | _INLINE_SLICE | set(_RENAMED_CACHE)
         names = sorted(set(plain_class_forward(module).__code__.co_names) - known)
         extra = f" (it also uses {names})" if names else ""
         return Decline("causal_lm_loss", f"forward is not a standard causal-LM template{extra}; logits may be "
@@ -160,43 +171,46 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
     original = type(module).forward.__get__(module, type(module))
     template = match.params["template"]
     softcap = match.params["softcap"]
-    namespace = plain_class_forward(module).__globals__
+    plain = plain_class_forward(module)
+    namespace = plain.__globals__
+    # The forward's own parameter names, in order (the cache one spelled as this transformers spells it).
+    arg_names = plain.__code__.co_varnames[1: plain.__code__.co_argcount]
+    cache = cache_name(plain)
     materialize = bool(options.get("materialize_logits", False))
     output_name = "MoeCausalLMOutputWithPast" if template == "moe" else "CausalLMOutputWithPast"
 
-    def forward(input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
-                past_key_values: Any = None, inputs_embeds: Any = None, labels: Any = None,
-                use_cache: Any = None, *args: Any, **kwargs: Any) -> Any:
-        logits_to_keep = kwargs.get("logits_to_keep", 0)
-        # Positional options past use_cache are rare; the original forward handles them exactly.
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > len(arg_names) or any(n in kwargs for n in arg_names[: len(args)]):
+            return original(*args, **kwargs)  # raises the forward's own TypeError
+        call = {**dict(zip(arg_names, args, strict=False)), **kwargs}
+        if cache != "past_key_values" and "past_key_values" in call:
+            # What transformers' deprecation wrapper does for the old keyword, minus its warning.
+            old = call.pop("past_key_values")
+            call.setdefault(cache, old)
+        labels = call.pop("labels", None)
+        logits_to_keep = call.pop("logits_to_keep", 0)
         fused = (
             labels is not None and module.training and torch.is_grad_enabled() and not materialize
-            and not args and isinstance(logits_to_keep, int) and logits_to_keep == 0
+            and isinstance(logits_to_keep, int) and logits_to_keep == 0
         )
         if not fused:
-            return original(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, labels,
-                            use_cache, *args, **kwargs)
-        kwargs.pop("logits_to_keep", None)
-        return_dict = kwargs.pop("return_dict", None)
-        model_kwargs = dict(kwargs)
-        output_router_logits = None
+            return original(*args, **kwargs)
+        return_dict = call.pop("return_dict", None)
         if template == "moe":
-            output_router_logits = model_kwargs.pop("output_router_logits", None)
-            if output_router_logits is None:
-                output_router_logits = module.config.output_router_logits
-            model_kwargs["output_router_logits"] = output_router_logits
+            if call.get("output_router_logits") is None:
+                call["output_router_logits"] = module.config.output_router_logits
+            output_router_logits = call["output_router_logits"]
         # A training step with labels never generates, so unless a cache is asked for explicitly none is built.
         # transformers otherwise defaults to config.use_cache=True and copies every layer's keys and values into
         # a cache that stays alive until the output is dropped, through the loss, the step's peak: measured on the
         # H200 for Qwen3-0.6B, 0.875 GiB there, plus as much again in zero gradients that a torch.compile'd graph
         # creates for the cache outputs at the start of backward.
-        outputs = module.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                               use_cache=bool(use_cache) if use_cache is not None else past_key_values is not None,
-                               **model_kwargs)
+        use_cache = call.get("use_cache")
+        call["use_cache"] = bool(use_cache) if use_cache is not None else call.get(cache) is not None
+        outputs = module.model(**call)
         hidden = outputs.last_hidden_state
-        ignore_index = kwargs.get("ignore_index", -100)
-        shift_labels = kwargs.get("shift_labels")
+        ignore_index = call.get("ignore_index", -100)
+        shift_labels = call.get("shift_labels")
         if shift_labels is None:
             shift_labels = _shift(labels, ignore_index)
         lm_head = module.lm_head
@@ -206,7 +220,7 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             shift_labels.reshape(-1).to(hidden.device),
             bias=lm_head.bias,
             ignore_index=ignore_index,
-            num_items_in_batch=kwargs.get("num_items_in_batch"),
+            num_items_in_batch=call.get("num_items_in_batch"),
             softcap=softcap,
         )
         extra: dict[str, Any] = {}
@@ -214,13 +228,13 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             aux_loss = None
             if output_router_logits:
                 aux_loss = namespace["load_balancing_loss_func"](
-                    outputs.router_logits, module.num_experts, module.num_experts_per_tok, attention_mask
+                    outputs.router_logits, module.num_experts, module.num_experts_per_tok, call.get("attention_mask")
                 )
                 loss = loss + module.router_aux_loss_coef * aux_loss.to(loss.device)
             extra = {"aux_loss": aux_loss, "router_logits": outputs.router_logits}
         result = namespace[output_name](
-            loss=loss, logits=None, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions, **extra,
+            loss=loss, logits=None, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            **{cache: getattr(outputs, cache)}, **extra,
         )
         return result.to_tuple() if return_dict is False else result
 

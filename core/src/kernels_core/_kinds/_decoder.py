@@ -15,8 +15,8 @@ other sub-modules or attributes and are declined with the reason.
 The adapter keeps the layer's own ``input_layernorm``, ``self_attn`` and ``mlp`` (their kernels still apply) and
 hands only the residual add and ``post_attention_layernorm`` to the kernel; the match declares that norm bypassed,
 so while the fused kernel is bound the norm gets no kernel of its own and the report shows it covered.
-transformers 5 checkpoints activations inside a wrapper around the class forward; the adapter re-creates that
-wrapper around the fused forward, so gradient checkpointing keeps working.
+transformers 5 wraps the class forward in decorators (gradient checkpointing, renamed keywords); the adapter
+re-creates them around the fused forward, so gradient checkpointing and old keyword names keep working.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import contextlib
 import dis
 import functools
 import inspect
-import types
 from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._forward import decorator_chain_problem
+from .._forward import rewrap
 from .._types import Decline
 from .._types import Match
 from . import _reference
@@ -67,30 +68,6 @@ _EXPLAINED = {
 }
 
 _PROBE_TOKENS = 5
-
-
-def _is_checkpointing_wrapper(fn: object) -> bool:
-    """transformers 5's ``forward_with_checkpointing`` (``GradientCheckpointingLayer.__init_subclass__``)."""
-    code = getattr(fn, "__code__", None)
-    return (
-        code is not None
-        and code.co_name == "forward_with_checkpointing"
-        and "forward" in code.co_freevars
-        and code.co_filename.replace("\\", "/").endswith("transformers/modeling_layers.py")
-    )
-
-
-def _outer_wrapper(module: nn.Module) -> tuple[types.FunctionType | None, str | None]:
-    """(the outermost checkpointing wrapper of the class forward or None, why the wrapping is unsupported or None)."""
-    fn: Any = type(module).forward
-    outer = None
-    while hasattr(fn, "__wrapped__"):
-        if not _is_checkpointing_wrapper(fn):
-            what = getattr(fn, "__qualname__", type(fn).__name__)
-            return None, f"the class forward is wrapped by {what!r}; a fused forward would bypass that wrapper"
-        outer = outer or fn
-        fn = fn.__wrapped__
-    return outer, None
 
 
 def _loaded_locals(fn: Callable[..., Any]) -> set[str]:
@@ -153,17 +130,9 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         hidden_states = self.mlp(hidden_states)
         return residual + hidden_states
 
-    wrapper, _ = _outer_wrapper(module)
-    if wrapper is None:
-        return forward.__get__(module, type(module))
-    # transformers 5 checkpoints inside this wrapper of the class forward: the same wrapper code around the fused
-    # forward (only its ``forward`` cell differs), so gradient checkpointing and its cache handling stay exact.
-    code = wrapper.__code__
-    cells = tuple(types.CellType(forward) if name == "forward" else cell
-                  for name, cell in zip(code.co_freevars, wrapper.__closure__ or (), strict=True))
-    rewrapped = types.FunctionType(code, wrapper.__globals__, wrapper.__name__, wrapper.__defaults__, cells)
-    rewrapped.__kwdefaults__ = wrapper.__kwdefaults__
-    return rewrapped.__get__(module, type(module))
+    # Decorators around the class forward (transformers 5 checkpoints activations inside one, and renames
+    # deprecated keywords in another) are re-created around the fused forward, so what they do stays exact.
+    return rewrap(type(module).forward, forward).__get__(module, type(module))
 
 
 def adapt_residual_rms_norm(module: nn.Module, match: Match, impl: Callable[..., Any],
@@ -201,7 +170,7 @@ def _structure_problem(module: nn.Module) -> str | None:
     for child in _TEMPLATE:
         if not isinstance(module._modules.get(child), nn.Module):
             return f"{child} is not a sub-module"
-    _, wrapped = _outer_wrapper(module)
+    wrapped = decorator_chain_problem(type(module).forward)
     if wrapped:
         return wrapped
     arguments = _arguments(forward)

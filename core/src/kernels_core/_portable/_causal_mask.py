@@ -29,7 +29,9 @@ __all__ = ["sdpa_is_causal"]
 # mask (extra mask functions, block ids, a disabled skip) and goes to transformers.
 _NEUTRAL_WHEN_NONE = frozenset({"attention_mask", "or_mask_function", "and_mask_function", "block_sequence_ids",
                                 "layer_idx", "cache_position", "encoder_hidden_states"})
-_ALWAYS_NEUTRAL = frozenset({"config", "inputs_embeds", "past_key_values", "position_ids"})
+# The KV cache is `cache` from transformers 5.24 on, `past_key_values` before.
+_CACHE_NAMES = ("cache", "past_key_values")
+_ALWAYS_NEUTRAL = frozenset({"config", "inputs_embeds", "position_ids", *_CACHE_NAMES})
 
 
 def _empty_cache(cache: object) -> bool:
@@ -51,7 +53,7 @@ def _elidable(kwargs: dict[str, Any], *, positions_derived: bool) -> bool:
         return False
     if any(key not in _NEUTRAL_WHEN_NONE | _ALWAYS_NEUTRAL | {"allow_is_causal_skip"} for key in kwargs):
         return False
-    cache = kwargs.get("past_key_values")
+    cache = next((kwargs[name] for name in _CACHE_NAMES if kwargs.get(name) is not None), None)
     if cache is None:
         # Without a cache transformers checks position_ids for packed sequences (which need a block mask): only
         # positions the model derived itself (its caller passed none) are known to be unpacked.
