@@ -73,6 +73,10 @@ def _run(args: list[str], *, torchrun: bool, nproc: int = 2, timeout: int = TIME
     # torchrun's warning otherwise; the tiny models need no more, and four gloo ranks on 2 cores must not oversubscribe
     env.setdefault("OMP_NUM_THREADS", "2" if nproc <= 2 else "1")
     env["PYTHONUNBUFFERED"] = "1"
+    if any(a == "--device" and b == "cpu" for a, b in zip(args, args[1:], strict=False)):
+        # transformers >= 5.24 binds each TP rank to an accelerator whenever one is visible (device LOCAL_RANK): on
+        # a one-GPU machine ranks 1-3 of the CPU/gloo variant would fail, so it sees no GPU.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.Popen(cmd, cwd=WORKERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
