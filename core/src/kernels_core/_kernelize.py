@@ -44,6 +44,7 @@ from ._types import Decline
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
+from ._verified import warn_if_verified
 
 
 __all__ = ["get_report", "kernelize", "unkernelize"]
@@ -260,6 +261,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 verdict = _checked_bypasses(verdict, module)
             target = _module_target(module, explicit, backends)
             if isinstance(verdict, Decline):
+                warn_if_verified(module, module_name, verdict, provided_kind.plugin)
                 entries.append(_entry(module_name, verdict, target, reason=verdict.reason))
                 continue
             if id(module) in covered:

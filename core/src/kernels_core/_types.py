@@ -382,12 +382,24 @@ class Match:
 
 @dataclass(frozen=True)
 class Decline:
-    """A matcher's verdict that a module looks like a layer kind but must be left alone, and why."""
+    """A matcher's verdict that a module looks like a layer kind but must be left alone, and why.
+
+    ``unrecognized`` says the matcher could not read the module's code as any form it knows (a verdict on the code,
+    not on the math): on a model family kernels-core is verified on, that is usually a new transformers release,
+    and kernelize warns about it once.
+
+    Example:
+        >>> Decline("causal_lm_loss", "forward is not a standard causal-LM template", unrecognized=True).kind
+        'causal_lm_loss'
+    """
 
     kind: str
     reason: str
+    unrecognized: bool = False
 
     def __post_init__(self) -> None:
         _check_name(self.kind, "decline kind")
         if not isinstance(self.reason, str) or not self.reason:
             raise ValueError("a Decline needs a reason")
+        if not isinstance(self.unrecognized, bool):
+            raise ValueError(f"Decline.unrecognized must be a bool, not {type(self.unrecognized).__name__}")

@@ -99,7 +99,7 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
         names = sorted(set(plain_class_forward(module).__code__.co_names) - known)
         extra = f" (it also uses {names})" if names else ""
         return Decline("causal_lm_loss", f"forward is not a standard causal-LM template{extra}; logits may be "
-                                         "post-processed, so the loss cannot be fused safely")
+                                         "post-processed, so the loss cannot be fused safely", unrecognized=True)
     try:
         loss_function = module.loss_function
     except Exception as exc:  # noqa: BLE001

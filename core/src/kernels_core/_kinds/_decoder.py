@@ -201,7 +201,7 @@ def _norm_problem(norm: nn.Module) -> str | None:
 def _classify(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline:
     problem = _structure_problem(module)
     if problem:
-        return Decline(KIND, problem)
+        return Decline(KIND, problem, unrecognized=True)
     norm = module.post_attention_layernorm
     problem = _norm_problem(norm)
     if problem:
