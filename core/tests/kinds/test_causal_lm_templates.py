@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-
 import kernels_core
 import pytest
 import torch
@@ -85,13 +83,13 @@ def test_post_processed_logits_are_left_alone(ref_pm):
 
 def test_fused_forward_takes_arguments_as_the_template_does(ref_pm, calls):
     """Positional arguments and the cache keyword of either spelling reach the fused path as the template's would."""
-    from kernels_core._kinds._causal_lm import cache_name
+    from kernels_core._kinds._context import cache_keyword
 
     model = tiny_causal_lm("llama")
     ids = torch.randint(3, 100, (2, 9))
     eager_loss = model(input_ids=ids, labels=ids).loss
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
-    cache = cache_name(inspect.unwrap(type(model).forward))
+    cache = cache_keyword(type(model).forward)
     calls.clear()
     # input_ids, attention_mask, position_ids, cache, inputs_embeds, labels: positionally.
     positional = model(ids, None, None, None, None, ids)

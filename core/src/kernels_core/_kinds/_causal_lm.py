@@ -22,11 +22,12 @@ from .._types import Decline
 from .._types import Match
 from .._types import Mode
 from ._context import MatchContext
+from ._context import cache_keyword
 from ._context import dtensor_placements
 from ._context import plain_class_forward
 
 
-__all__ = ["adapt_causal_lm", "cache_name", "match_causal_lm"]
+__all__ = ["adapt_causal_lm", "match_causal_lm"]
 
 _COMMON = frozenset({
     "attentions", "config", "hidden_states", "last_hidden_state", "lm_head", "loss_function", "model",
@@ -66,12 +67,6 @@ def _accepted(name: str) -> list[tuple[frozenset[str], tuple[str, ...]]]:
 # transformers 5.24 renamed the cache argument and output field from `past_key_values` to `cache` (the old keyword
 # still accepted through a deprecation wrapper); the templates are spelled with the old name.
 _RENAMED_CACHE = {"cache": "past_key_values"}
-
-
-def cache_name(forward: Callable[..., Any]) -> str:
-    """What the forward calls its KV-cache argument: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
-    code = forward.__code__
-    return "cache" if "cache" in code.co_varnames[: code.co_argcount] else "past_key_values"
 
 
 def _template(module: nn.Module) -> str | None:
@@ -175,7 +170,7 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
     namespace = plain.__globals__
     # The forward's own parameter names, in order (the cache one spelled as this transformers spells it).
     arg_names = plain.__code__.co_varnames[1: plain.__code__.co_argcount]
-    cache = cache_name(plain)
+    cache = cache_keyword(plain)
     materialize = bool(options.get("materialize_logits", False))
     output_name = "MoeCausalLMOutputWithPast" if template == "moe" else "CausalLMOutputWithPast"
 

@@ -34,6 +34,7 @@ __all__ = [
     "MatchContext",
     "accelerate_hooked",
     "FOREIGN_FORWARD",
+    "cache_keyword",
     "dtensor_placements",
     "forward_slot",
     "fsdp_module_type",
@@ -92,6 +93,15 @@ def param_dtype(module: nn.Module) -> torch.dtype | None:
         if tensor.is_floating_point():
             return tensor.dtype
     return None
+
+
+def cache_keyword(fn: Callable[..., Any]) -> str:
+    """The KV-cache parameter of a transformers function: ``cache`` from transformers 5.24 on, ``past_key_values``
+    before (``inspect.signature`` reads through ``functools.wraps`` decorators)."""
+    try:
+        return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
 
 
 def plain_class_forward(module: nn.Module) -> Callable[..., Any]:

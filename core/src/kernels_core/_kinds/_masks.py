@@ -21,6 +21,7 @@ from torch import nn
 from .._types import Decline
 from .._types import Match
 from ._context import MatchContext
+from ._context import cache_keyword
 from ._context import plain_class_forward
 from ._context import reroute_blocker
 
@@ -71,7 +72,7 @@ def _classify(module: nn.Module) -> Match | Decline:
     try:
         with torch.no_grad():
             eager = fn(config=config, inputs_embeds=embeds, attention_mask=None,
-                       position_ids=torch.arange(4, device=device)[None], **{_cache_keyword(fn): None})
+                       position_ids=torch.arange(4, device=device)[None], **{cache_keyword(fn): None})
     except Exception as exc:  # noqa: BLE001 - an unknown signature: leave the model alone
         return Decline("causal_mask", f"probe of {GLOBAL_NAME} raised {type(exc).__name__}: {exc}")
     if eager is not None:
@@ -79,14 +80,6 @@ def _classify(module: nn.Module) -> Match | Decline:
                                       "inputs eagerly here; leaving it out would change the math")
     return Match("causal_mask", "sdpa", {"global_name": GLOBAL_NAME},
                  evidence=f"{GLOBAL_NAME} returns no mask eagerly for unpadded causal sdpa inputs")
-
-
-def _cache_keyword(fn: Callable[..., Any]) -> str:
-    """The mask function's KV-cache keyword: ``cache`` from transformers 5.24 on, ``past_key_values`` before."""
-    try:
-        return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
-    except (TypeError, ValueError):
-        return "past_key_values"
 
 
 class _DerivedPositions:
