@@ -165,6 +165,53 @@ def test_modes_filter_kernels_by_declared_support():
     assert kernels_core.get_report(model).mode == "INFERENCE"
 
 
+COMPILED_INFERENCE = Mode.INFERENCE | Mode.TORCH_COMPILE
+
+
+def test_kernels_native_when_compiled_leave_their_modules_to_torch_compile():
+    native = KernelSpec(id="native.rms_norm", kind="rms_norm", variants=("standard", "offset"), backend="cpu",
+                        impl=f"{__name__}:high_rms_norm", priority=90,
+                        supports=Supports.BACKWARD | Supports.TORCH_COMPILE, native_when_compiled=COMPILED_INFERENCE)
+    pm = fresh_plugin_manager((_plugin("native", [native, LOW]), "native"))
+    model = tiny_causal_lm("llama").eval()
+    kernels_core.kernelize(model, mode=COMPILED_INFERENCE, strict=True, plugin_manager=pm)
+    report = kernels_core.get_report(model)
+    rows = [e for e in report.entries if e.kind == "rms_norm"]
+    assert rows
+    assert all(e.kernel is None and e.reason.startswith("left to torch.compile: native.rms_norm") for e in rows)
+    # Neither the lower-ranked kernel nor anything else takes its place: the modules keep their own forward.
+    assert all("forward" not in m.__dict__ for m in model.modules() if type(m).__name__ == "LlamaRMSNorm")
+    left = [e for e in report.entries if (e.reason or "").startswith("left to torch.compile")]
+    assert f"{len(left)} left to torch.compile" in report.summary()
+    for mode in (Mode.INFERENCE, Mode.TRAINING | Mode.TORCH_COMPILE):
+        kernels_core.kernelize(model, mode=mode, plugin_manager=pm)
+        assert _kernels(model) == {"native.rms_norm"}, mode
+    # An explicit preference is honoured: the user asked for the binding.
+    prefer = {"kinds": {"rms_norm": {"prefer": {"cpu": ["native.rms_norm"]}}}}
+    kernels_core.kernelize(model, mode=COMPILED_INFERENCE, config=prefer, plugin_manager=pm)
+    assert _kernels(model) == {"native.rms_norm"}
+
+
+def _guards_and_breaks(model, ids):
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(input_ids=ids)
+    return len(explained.out_guards), explained.graph_break_count
+
+
+def test_compiled_inference_adds_no_guards_where_kernels_would_trace_native_math():
+    # Dynamo checks every guard on every call; in a CUDA-graphed decoding step that check is most of the host
+    # time, so a binding that changes nothing in the graph must not add any.
+    ids = torch.randint(3, 100, (1, 5))
+    plain = _guards_and_breaks(tiny_causal_lm("qwen3").eval(), ids)
+    no_mask = {"kinds": {"causal_mask": {"enabled": False}}}  # the one kind here that changes the graph
+    compiled = kernels_core.kernelize(tiny_causal_lm("qwen3").eval(), mode=COMPILED_INFERENCE, config=no_mask)
+    assert _guards_and_breaks(compiled, ids) == plain
+    eager = kernels_core.kernelize(tiny_causal_lm("qwen3").eval(), mode=Mode.INFERENCE, config=no_mask)
+    guards, breaks = _guards_and_breaks(eager, ids)
+    assert breaks == 0 and guards > plain[0], "bound forwards are guarded: the comparison above can fail"
+
+
 def test_invalid_modes_are_rejected(pm):
     model = tiny_causal_lm("llama")
     with pytest.raises(ValueError, match="mutually exclusive"):

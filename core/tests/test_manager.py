@@ -11,7 +11,9 @@ import pytest
 from kernels_core import BackendInfo
 from kernels_core import KernelSpec
 from kernels_core import KernelsPluginManager
+from kernels_core import Mode
 from kernels_core import PluginError
+from kernels_core import Supports
 from kernels_core import hookimpl
 
 
@@ -138,6 +140,14 @@ def test_invalid_spec_construction_fails_in_the_plugin():
         KernelSpec(id="x.y", kind="rms_norm", variants=("standard",), backend="cpu", impl="not a ref")
     with pytest.raises(ValueError, match="PEP 508"):
         KernelSpec(id="x.y", kind="rms_norm", variants=("standard",), backend="cpu", impl="m:f", requires=("!!",))
+    compiled = Supports.BACKWARD | Supports.TORCH_COMPILE
+    for mode in (Mode.INFERENCE, Mode.TORCH_COMPILE, "INFERENCE|TORCH_COMPILE"):
+        with pytest.raises(ValueError, match="native_when_compiled must be a Mode combining TORCH_COMPILE"):
+            KernelSpec(id="x.y", kind="rms_norm", variants=("standard",), backend="cpu", impl="m:f",
+                       supports=compiled, native_when_compiled=mode)
+    with pytest.raises(ValueError, match="needs Supports.TORCH_COMPILE"):
+        KernelSpec(id="x.y", kind="rms_norm", variants=("standard",), backend="cpu", impl="m:f",
+                   native_when_compiled=Mode.INFERENCE | Mode.TORCH_COMPILE)
     with pytest.raises(ValueError, match="reserved"):
         BackendInfo(backend="any", device_type="cpu")
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from kernels_core import Mode
 from kernels_core import Supports
 from kernels_cuda import _plugin
 from kernels_cuda import cuda_kernel_specs
@@ -81,3 +82,15 @@ def test_entry_point_is_registered():
 
     eps = {ep.name: ep.value for ep in entry_points(group="kernels_core.plugins")}
     assert eps.get("cuda") == "kernels_cuda._plugin"
+
+
+def test_only_kernels_that_trace_plain_math_for_inference_are_left_to_compile():
+    compiled_inference = Mode.INFERENCE | Mode.TORCH_COMPILE
+    left = {s.id for s in SPECS if s.left_to_compiler(compiled_inference)}
+    # The fused loss and the grouped-product experts change the compiled graph; everything else compile-safe here
+    # hands Inductor the native math when traced with no autograd graph.
+    kept = {s.id for s in SPECS if s.supports & Supports.TORCH_COMPILE} - left
+    assert kept == {"cuda.causal_lm_loss.liger", "cuda.moe_experts.grouped_mm_silu",
+                    "cuda.moe_experts.grouped_mm_gelu"}
+    assert {"cuda.rms_norm.tuned", "cuda.residual_rms_norm.tuned", "cuda.rotary_embedding.triton"} <= left
+    assert not any(s.left_to_compiler(Mode.TRAINING | Mode.TORCH_COMPILE) for s in SPECS)

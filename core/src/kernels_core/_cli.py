@@ -70,7 +70,9 @@ def _kernels(args: argparse.Namespace) -> int:
         payload = []
         for spec, plugin in kernels:
             data = asdict(spec)
-            data["supports"] = [f.name for f in type(spec.supports) if f in spec.supports and f.name]
+            for flags in ("supports", "native_when_compiled"):
+                value = getattr(spec, flags)
+                data[flags] = [f.name for f in type(value) if f in value and f.name]
             payload.append({**data, "plugin": plugin.name, "distribution": plugin.distribution,
                             "version": plugin.version,
                             "problems": [{"status": s, "detail": d} for s, d in problems.get(spec.id, [])]})

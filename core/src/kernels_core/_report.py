@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
-__all__ = ["KernelizeReport", "ReportEntry", "format_table"]
+__all__ = ["LEFT_TO_COMPILER", "KernelizeReport", "ReportEntry", "format_table"]
+
+# Starts the reason of a module left on its own forward for torch.compile (KernelSpec.native_when_compiled).
+LEFT_TO_COMPILER = "left to torch.compile"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class KernelizeReport:
         covered = len(self.covered)
         if covered:
             text += f", {covered} computed by a kernel on an enclosing module"
+        compiled = sum(1 for e in self.entries if (e.reason or "").startswith(LEFT_TO_COMPILER))
+        if compiled:
+            text += f", {compiled} left to torch.compile"
         return f"{text} [{parts}]" if parts else text
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from ._config import KernelsConfig
 from ._forward import load_ref
 from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
+from ._report import LEFT_TO_COMPILER
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
@@ -159,7 +160,12 @@ class Resolver:
             return self._choose_preferred(match, target, preferred, candidates)
         problems: list[str] = []
         for provided in candidates:
-            problem = self.problem(provided, match, target) or self.load_problem(provided)
+            problem = self.problem(provided, match, target)
+            if problem is None and provided.spec.left_to_compiler(self.mode):
+                return Choice(None, reason=f"{LEFT_TO_COMPILER}: {provided.spec.id}, the best kernel here, runs plain "
+                                           f"PyTorch ops when traced in {self.mode.name}, so Inductor compiles the "
+                                           "module's own forward (binding it would only add guards)")
+            problem = problem or self.load_problem(provided)
             if problem is None:
                 # Say why any better-ranked kernel meant for this device was passed over.
                 passed_over = [p for p in problems if "runs on backend" not in p and "disabled by config" not in p]

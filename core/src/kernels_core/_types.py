@@ -282,6 +282,11 @@ class KernelSpec:
         archs: architecture strings it is restricted to (ROCm gfx names, Ascend SoCs); empty means any.
         requires: distributions it needs, as PEP 508 requirement strings (``"liger-kernel>=0.8"``).
         description: one line for listings and reports.
+        native_when_compiled: the kernelize modes (each with ``Mode.TORCH_COMPILE``) in which ``impl``, traced by
+            torch.compile, runs only plain PyTorch ops, handing Inductor the math to fuse with its neighbours.
+            Where such a kernel would be chosen automatically, kernelize leaves the module on its own forward:
+            the compiled graph would be the same, and the binding would only add Dynamo guards, checked on every
+            call (a third of a CUDA-graphed decoding step on Qwen3-0.6B). A kernel named in ``prefer`` is bound.
     """
 
     id: str
@@ -296,6 +301,7 @@ class KernelSpec:
     archs: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     description: str = ""
+    native_when_compiled: Mode = Mode(0)
 
     def __post_init__(self) -> None:
         _check_id(self.id, "kernel id")
@@ -319,6 +325,25 @@ class KernelSpec:
             raise ValueError(f"kernel {self.id!r}: archs and requires must be tuples")
         for requirement in self.requires:
             _parse_requirement(requirement, self.id)
+        native = self.native_when_compiled
+        if not isinstance(native, Mode) or (native and not (
+                Mode.TORCH_COMPILE in native and native & (Mode.INFERENCE | Mode.TRAINING))):
+            raise ValueError(f"kernel {self.id!r}: native_when_compiled must be a Mode combining TORCH_COMPILE with "
+                             f"INFERENCE and/or TRAINING, or Mode(0); got {native!r}")
+        if native and Supports.TORCH_COMPILE not in self.supports:
+            raise ValueError(f"kernel {self.id!r}: native_when_compiled needs Supports.TORCH_COMPILE in supports")
+
+    def left_to_compiler(self, mode: Mode) -> bool:
+        """Whether kernelize in ``mode`` leaves this kernel's modules to torch.compile (see ``native_when_compiled``).
+
+        Example:
+            >>> spec = KernelSpec(id="cuda.rms_norm.x", kind="rms_norm", variants=("standard",), backend="cuda",
+            ...                   impl="pkg.ops:rms_norm", supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
+            ...                   native_when_compiled=Mode.INFERENCE | Mode.TORCH_COMPILE)
+            >>> spec.left_to_compiler(Mode.INFERENCE | Mode.TORCH_COMPILE), spec.left_to_compiler(Mode.INFERENCE)
+            (True, False)
+        """
+        return Mode.TORCH_COMPILE in mode and bool(self.native_when_compiled) and mode in self.native_when_compiled
 
     @property
     def portable(self) -> bool:

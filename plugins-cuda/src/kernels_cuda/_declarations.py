@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from kernels_core import CapabilityRange
 from kernels_core import KernelSpec
+from kernels_core import Mode
 from kernels_core import Supports
 from kernels_triton import liger_kernel_specs
 from kernels_triton import native_kernel_specs
@@ -55,6 +56,7 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
         supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
         capability=TRITON_CAPABILITY,
         description="F.rms_norm below a measured size, the Triton RMSNorm above it; under compile, Inductor's fusion",
+        native_when_compiled=Mode.INFERENCE | Mode.TORCH_COMPILE,
     )
     tuned_residual = KernelSpec(
         id=f"{BACKEND}.residual_rms_norm.tuned",
@@ -66,6 +68,7 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
         supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
         capability=TRITON_CAPABILITY,
         description="the native add + F.rms_norm below a measured size, the fused Triton kernel above it",
+        native_when_compiled=Mode.INFERENCE | Mode.TORCH_COMPILE,
     )
     experts = tuple(
         KernelSpec(

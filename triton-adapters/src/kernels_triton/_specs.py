@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kernels_core import CapabilityRange
 from kernels_core import KernelSpec
+from kernels_core import Mode
 from kernels_core import Supports
 
 
@@ -102,10 +103,14 @@ NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
 )
 
 
-_FAMILIES: Mapping[str, tuple[Mapping[str, AdapterEntry], tuple[str, ...]]] = {
-    "triton": (TRITON_ADAPTERS, ()),
-    "liger": (LIGER_ADAPTERS, (LIGER_REQUIREMENT,)),
-    "torch": (NATIVE_ADAPTERS, ()),
+# Per family: its adapters, the distributions it requires, and the modes in which it traces to plain PyTorch
+# ops. Traced for inference, the Triton and native adapters hand Inductor the native math (kernels_triton._compile),
+# so kernelize leaves their modules to torch.compile there; training graphs keep the Triton custom ops. Liger's
+# adapters are not declared compile-safe at all.
+_FAMILIES: Mapping[str, tuple[Mapping[str, AdapterEntry], tuple[str, ...], Mode]] = {
+    "triton": (TRITON_ADAPTERS, (), Mode.INFERENCE | Mode.TORCH_COMPILE),
+    "liger": (LIGER_ADAPTERS, (LIGER_REQUIREMENT,), Mode(0)),
+    "torch": (NATIVE_ADAPTERS, (), Mode.INFERENCE | Mode.TORCH_COMPILE),
 }
 
 
@@ -136,7 +141,7 @@ def adapter_kernel_specs(
     """
     if family not in _FAMILIES:
         raise ValueError(f"unknown adapter family {family!r}; expected one of {sorted(_FAMILIES)}")
-    table, requires = _FAMILIES[family]
+    table, requires, native_when_compiled = _FAMILIES[family]
     unknown = (set(priorities or {}) | set(exclude)) - set(table)
     if unknown:
         raise ValueError(f"unknown layer kinds {sorted(unknown)} for the {family!r} adapters; they cover: "
@@ -155,6 +160,7 @@ def adapter_kernel_specs(
             archs=archs,
             requires=requires,
             description=entry.description,
+            native_when_compiled=native_when_compiled,
         )
         for key, entry in table.items()
         if key not in exclude

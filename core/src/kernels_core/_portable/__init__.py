@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 from .._types import KernelSpec
+from .._types import Mode
 from .._types import Supports
 
 
@@ -20,6 +21,8 @@ __all__ = ["SPECS"]
 
 _ALL_FLOATS = ("float16", "bfloat16", "float32")
 _TRAINABLE = Supports.BACKWARD | Supports.TORCH_COMPILE
+# Traced with no autograd graph these are the plain PyTorch math: torch.compile gets the module's own forward.
+_NATIVE_FOR_COMPILED_INFERENCE = Mode.INFERENCE | Mode.TORCH_COMPILE
 
 SPECS: tuple[KernelSpec, ...] = (
     KernelSpec(
@@ -69,6 +72,7 @@ SPECS: tuple[KernelSpec, ...] = (
         supports=_TRAINABLE,
         dtypes=_ALL_FLOATS,
         description="residual add, then the portable RMSNorm (recomputed in backward); no fusion in pure PyTorch",
+        native_when_compiled=_NATIVE_FOR_COMPILED_INFERENCE,
     ),
     KernelSpec(
         id="any.rms_norm.recompute",
@@ -80,6 +84,7 @@ SPECS: tuple[KernelSpec, ...] = (
         supports=_TRAINABLE,
         dtypes=_ALL_FLOATS,
         description="torch rms_norm in the module's precision; recomputed in backward instead of saved",
+        native_when_compiled=_NATIVE_FOR_COMPILED_INFERENCE,
     ),
     KernelSpec(
         id="any.silu_gated_mlp.recompute",
@@ -91,5 +96,6 @@ SPECS: tuple[KernelSpec, ...] = (
         supports=_TRAINABLE,
         dtypes=_ALL_FLOATS,
         description="silu(gate) * up saving gate and up only; silu recomputed in backward",
+        native_when_compiled=_NATIVE_FOR_COMPILED_INFERENCE,
     ),
 )
