@@ -7,8 +7,8 @@ alternating order; a cell's figure is the median over its rounds (one process's 
     python benchmarks/cuda/decode_bench.py --models llama-3.1-8b-4l --out benchmarks/results/decode-h100.json
     python benchmarks/cuda/decode_bench.py --models qwen3-0.6b --add --out benchmarks/results/decode-h100.json
 
-``--add`` keeps the rows of other models already in ``--out`` when they were measured at the same commit on the
-same device, so one file can be filled by several shorter runs.
+``--add`` keeps the rows already in ``--out`` for cells (model, variant, cache, batch) this run does not measure,
+when they were measured at the same commit on the same device, so one file can be filled by several shorter runs.
 
 Variants: ``eager``; ``kernelize`` (``Mode.INFERENCE``); ``compile`` and ``kernelize_compile`` (``Mode.INFERENCE |
 Mode.TORCH_COMPILE``). Without compile, generate's own compilation is switched off (``disable_compile``). With
@@ -183,7 +183,8 @@ def main() -> None:
     parser.add_argument("--compile-timeout", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3, help="processes per (model, variant), alternating")
     parser.add_argument("--add", action="store_true",
-                        help="keep --out's rows of other models measured at this commit on this device")
+                        help="keep --out's rows of cells this run does not measure, if measured at this commit on "
+                             "this device")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -205,7 +206,10 @@ def main() -> None:
     by_cell: dict[tuple, list[dict]] = {}
     kept = []
     if args.add and args.out.exists():
-        kept = _kept_rows(json.loads(args.out.read_text()), environment(), set(models))
+        measured = {(m, v, c, b) for m in models for v in variants
+                    for c in (args.compile_caches if v.endswith("compile") else args.caches).split(",")
+                    for b in batches}
+        kept = _kept_rows(json.loads(args.out.read_text()), environment(), measured)
     for round_index in range(args.rounds):
         # Alternating order: a slow drift of the machine lands on every variant alike.
         for model_name in models:
@@ -263,14 +267,16 @@ def _median_row(rounds: list[dict]) -> dict:
     return row
 
 
-def _kept_rows(previous: dict, env: dict, models: set[str]) -> list[dict]:
-    """Rows of ``previous`` (a file this script wrote) for other models, if measured at this commit and device."""
+def _kept_rows(previous: dict, env: dict, measured: set[tuple]) -> list[dict]:
+    """Rows of ``previous`` (a file this script wrote) for cells not in ``measured``, if measured at this commit and
+    device."""
     old_env = previous.get("environment", {})
     if (old_env.get("commit"), old_env.get("device")) != (env["commit"], env["device"]):
         print(f"--add: {old_env.get('commit')} on {old_env.get('device')} is not this run's commit and device; "
               "its rows are dropped", file=sys.stderr)
         return []
-    return [row for row in previous.get("rows", []) if row.get("model") not in models]
+    return [row for row in previous.get("rows", [])
+            if (row.get("model"), row.get("variant"), row.get("cache"), row.get("batch")) not in measured]
 
 
 def _ratios(rows: list[dict]) -> None:
