@@ -166,6 +166,13 @@ def _decode_section(data: dict, chart_dir: str | None) -> list[str]:
         parts += [f"Decoding at these sizes is host-bound: processes of one variant differ by up to "
                   f"{max(spreads):.0%} in ms per token here, so a cell's figure is the median of its processes and "
                   "differences below that spread are noise.", ""]
+    lookups = [(row, op) for row in data["rows"] for op in row.get("profile", ())
+               if op["op"] == "TorchDynamo Cache Lookup" and op["calls"]]
+    if lookups:
+        cells = "; ".join(f"{row['model']} batch {row['batch']} `{row['variant']}` "
+                          f"{op['cpu_self_ms'] / op['calls']:.2f} ms" for row, op in lookups)
+        parts += ["Dynamo's guard check per compiled decoding step (`TorchDynamo Cache Lookup`, profiled in the first "
+                  f"process): {cells}.", ""]
     parts += [_table(("model", "cache", "batch", "variant", "ms/token", "each process", "vs baseline"),
                      ((row["model"], row["cache"], row["batch"], f"`{row['variant']}`", f"{row['ms_per_token']:.2f}",
                        ", ".join(f"{ms:.2f}" for ms in row.get("ms_per_token_rounds", ())),
