@@ -242,25 +242,10 @@ def test_rms_norm_backward_takes_exactly_one_rstd_source(triton_kernels):
         triton_kernels.add_rms_norm_backward(dy, None, x, w, None, 0.0, False, want_dw=True)
 
 
-class _FakeCompiled:
-    """A compiled Triton kernel's launch surface, recording which path a launch took."""
-
-    function, packed_metadata = "function-handle", "packed-metadata"
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, *args):
-        self.calls.append(("direct", args))
-
-    def __getitem__(self, grid):
-        return lambda *args: self.calls.append(("triton", (grid, *args)))
-
-
 @pytest.mark.parametrize("hooks", ["none", "enter", "exit", "no_knobs"])
-def test_direct_launch_steps_aside_for_launch_hooks(triton_kernels, monkeypatch, hooks):
-    # With no launch hook registered the cached kernel goes straight to its launcher on the current stream;
-    # a registered hook (a profiler) must still see every launch, so then Triton's own path is taken.
+def test_launch_hooks_are_seen_so_profilers_see_every_launch(triton_kernels, monkeypatch, hooks):
+    # The C++ autograd nodes launch through the driver; a registered Triton hook (a profiler) must still see every
+    # launch, so they step aside whenever one is registered, or when this Triton cannot say.
     from kernels_triton import _launch
 
     enter, leave = SimpleNamespace(calls=[]), SimpleNamespace(calls=[])
@@ -270,11 +255,4 @@ def test_direct_launch_steps_aside_for_launch_hooks(triton_kernels, monkeypatch,
         leave.calls.append(print)
     runtime = None if hooks == "no_knobs" else SimpleNamespace(launch_enter_hook=enter, launch_exit_hook=leave)
     monkeypatch.setattr(_launch, "_RUNTIME", runtime)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
-    fake = _FakeCompiled()
-    triton_kernels.Compiled(fake).launch(7, 3, ("a", 1, 2.0))
-    if hooks == "none":
-        assert fake.calls == [("direct", (7, 1, 1, 1003, "function-handle", "packed-metadata", None, None, None,
-                                          "a", 1, 2.0))]
-    else:
-        assert fake.calls == [("triton", ((7, 1, 1), "a", 1, 2.0))]
+    assert _launch.launch_hooks_registered() is (hooks != "none")

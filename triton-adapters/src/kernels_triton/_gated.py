@@ -23,13 +23,11 @@ from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import on_device_of
 from ._launch import FLOATS
-from ._launch import Launcher
 from ._launch import cdiv
 
 
 __all__ = ["gated_activation", "gated_backward", "gated_forward", "gated_op", "gelu_tanh_mul", "liger_gelu_tanh_mul",
            "liger_silu_mul", "silu_mul"]
-
 
 
 @triton.jit
@@ -94,16 +92,14 @@ def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, n, GELU: tl.constexpr, BLOCK: 
 
 # 1024 divides every common intermediate size times any token count (3072, 4096, 8192, 11008, 14336, ...).
 _GATED_BLOCK = 1024
-_launch_gated_fwd = Launcher(_gated_fwd_kernel)
-_launch_gated_bwd = Launcher(_gated_bwd_kernel)
 
 
 def gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
     """``act(gate) * up`` into a new tensor, for contiguous same-shape, same-dtype operands."""
     out = torch.empty_like(gate)
     n = gate.numel()
-    _launch_gated_fwd(cdiv(n, _GATED_BLOCK), gate, up, out, n, gelu, _GATED_BLOCK, n % _GATED_BLOCK == 0,
-                      num_warps=4)
+    _gated_fwd_kernel[(cdiv(n, _GATED_BLOCK),)](gate, up, out, n, gelu, _GATED_BLOCK, n % _GATED_BLOCK == 0,
+                                                num_warps=4)
     return out
 
 
@@ -135,8 +131,8 @@ def gated_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gel
     dout = dout.contiguous()
     n = gate.numel()
     dgate, dup = (gate, up) if into_inputs else (torch.empty_like(gate), torch.empty_like(up))
-    _launch_gated_bwd(cdiv(n, _GATED_BLOCK), dout, gate, up, dgate, dup, n, gelu, _GATED_BLOCK,
-                      n % _GATED_BLOCK == 0, num_warps=4)
+    _gated_bwd_kernel[(cdiv(n, _GATED_BLOCK),)](dout, gate, up, dgate, dup, n, gelu, _GATED_BLOCK,
+                                                n % _GATED_BLOCK == 0, num_warps=4)
     return dgate, dup
 
 

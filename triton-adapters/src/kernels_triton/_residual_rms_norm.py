@@ -24,7 +24,6 @@ from ._custom_op import custom_op
 from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import eager_device_context
-from ._launch import Launcher
 from ._launch import cdiv
 from ._rms_norm import _normalize_rows
 from ._rms_norm import add_rms_norm_backward
@@ -59,9 +58,6 @@ def _add_rms_norm_fwd_kernel(
                     GEMMA, HAS_OFFSET, STORE_RSTD)
 
 
-_launch_add_rms_norm_fwd = Launcher(_add_rms_norm_fwd_kernel)
-
-
 def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
                          gemma: bool, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Over contiguous same-shape ``x`` and ``r`` of any rank: the normalised sum, the sum, and (if asked) the rstd."""
@@ -71,8 +67,8 @@ def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor,
     s = torch.empty_like(x)
     rstd = x.new_empty((n_rows,), dtype=torch.float32) if store_rstd else None
     block_m, block_n, num_warps = norm_tiling(n_cols, x.element_size())
-    _launch_add_rms_norm_fwd(
-        cdiv(n_rows, block_m), x, r, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
+    _add_rms_norm_fwd_kernel[(cdiv(n_rows, block_m),)](
+        x, r, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
         n_cols, gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
     )
     return y, s, rstd

@@ -34,7 +34,6 @@ from ._custom_op import register_backward
 from ._device import eager_device_context
 from ._device import on_device_of
 from ._launch import FLOATS
-from ._launch import Launcher
 from ._launch import cdiv
 from ._launch import next_power_of_2
 from ._launch import sm_count
@@ -207,11 +206,6 @@ def norm_tiling(n_cols: int, element_size: int, tile_bytes: int = 8192) -> tuple
     return block_m, block_n, num_warps
 
 
-_launch_rms_norm_fwd = Launcher(_rms_norm_fwd_kernel)
-_launch_rms_norm_bwd = Launcher(_rms_norm_bwd_kernel)
-_launch_sum_partials = Launcher(_sum_partials_kernel)
-
-
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
                      store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward over a contiguous ``x`` of any rank, normalised over its last dimension: the output (same shape)
@@ -221,8 +215,8 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: 
     y = torch.empty_like(x)
     rstd = x.new_empty((n_rows,), dtype=torch.float32) if store_rstd else None
     block_m, block_n, num_warps = norm_tiling(n_cols, x.element_size())
-    _launch_rms_norm_fwd(
-        cdiv(n_rows, block_m), x, weight, y, rstd if rstd is not None else y, n_rows, eps, offset, n_cols,
+    _rms_norm_fwd_kernel[(cdiv(n_rows, block_m),)](
+        x, weight, y, rstd if rstd is not None else y, n_rows, eps, offset, n_cols,
         gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
     )
     return y, rstd
@@ -250,8 +244,8 @@ def add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Te
     block_m, block_n, num_warps, programs, rows_per_program, stages = tiling or norm_backward_tiling(
         n_rows, n_cols, s.element_size(), s.get_device())
     partial = s.new_empty((programs, n_cols), dtype=torch.float32)
-    _launch_rms_norm_bwd(
-        programs, dy, ds if ds is not None else dy, s, weight, rstd if rstd is not None else dy, dx, partial, n_rows,
+    _rms_norm_bwd_kernel[(programs,)](
+        dy, ds if ds is not None else dy, s, weight, rstd if rstd is not None else dy, dx, partial, n_rows,
         0.0 if eps is None else eps, offset, rows_per_program, n_cols, gemma, offset != 0.0, ds is not None,
         rstd is None, block_m, block_n, stages, num_warps=num_warps,
     )
@@ -271,8 +265,8 @@ def sum_partial_rows(partial: torch.Tensor, out: torch.Tensor, *,
     """
     programs, n_cols = partial.shape
     block_p, block_c, stages, num_warps = tiling or SUM_TILING
-    _launch_sum_partials(cdiv(n_cols, block_c), partial, out, programs, n_cols, block_p, block_c, stages,
-                         num_warps=num_warps)
+    _sum_partials_kernel[(cdiv(n_cols, block_c),)](partial, out, programs, n_cols, block_p, block_c, stages,
+                                                   num_warps=num_warps)
 
 
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None,

@@ -26,12 +26,10 @@ from ._custom_op import custom_op
 from ._custom_op import register_backward
 from ._device import on_device_of
 from ._launch import FLOATS
-from ._launch import Launcher
 from ._launch import next_power_of_2
 
 
 __all__ = ["liger_rotary_embedding", "rotary", "rotary_embedding", "rotary_launch", "rotary_op", "unit_last_stride"]
-
 
 
 @triton.jit
@@ -94,9 +92,6 @@ def _rotary_kernel(
                   HALF, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)
 
 
-_launch_rotary = Launcher(_rotary_kernel)
-
-
 def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself if its last dimension is dense (what the RoPE kernel needs), else a contiguous copy."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -123,8 +118,8 @@ def rotary_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     cos_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
     strides = (*q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], cos_batch_stride,
                cos.stride(1))
-    _launch_rotary(
-        batch * n_seq, q, k, cos, sin, q_out, k_out, n_seq, n_q_heads, n_k_heads, head_dim, *strides,
+    _rotary_kernel[(batch * n_seq,)](
+        q, k, cos, sin, q_out, k_out, n_seq, n_q_heads, n_k_heads, head_dim, *strides,
         half, q_block, k_block, half_block, passthrough_block, backward,
         half % 8 == 0 and all(stride % 16 == 0 for stride in strides), num_warps=num_warps,
     )
