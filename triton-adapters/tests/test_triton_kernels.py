@@ -167,10 +167,10 @@ def test_gated_backward_makes_a_second_reader_of_the_reused_storage_raise(kernel
         out.backward()
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the direct launch path exists only for compiled kernels (needs a GPU)")
-def test_direct_launch_reuses_compiled_kernels_across_row_counts():
-    # After the first launch compiles, calls with other row counts (unspecialised) launch the cached kernel
-    # directly; each must still compute its own rows, including 1 row (which Triton would otherwise specialise).
+@pytest.mark.skipif(not ON_GPU, reason="compiled kernels need a GPU (the interpreter does not specialise)")
+def test_rms_norm_forward_at_any_row_count_after_the_first_compile():
+    # Row counts are unspecialised, so one compiled kernel serves them all; each call must still compute its own
+    # rows, including 1 row (which Triton would otherwise specialise on).
     import torch.nn.functional as F
     from kernels_triton import _rms_norm
 
@@ -181,9 +181,6 @@ def test_direct_launch_reuses_compiled_kernels_across_row_counts():
             ours = _rms_norm.apply_rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False)
             expected = F.rms_norm(x.float(), (1024,), eps=1e-6).to(x.dtype) * w
         torch.testing.assert_close(ours, expected, rtol=1.6e-2, atol=1.6e-2)
-    launcher = _rms_norm._launch_rms_norm_fwd
-    assert launcher.direct, "the direct launch failed and fell back"
-    assert len(launcher.compiled) >= 1
 
 
 @pytest.mark.parametrize("rows", [4, 3], ids=["block_multiple", "ragged"])
