@@ -247,7 +247,7 @@ def test_launches_on_the_inputs_device_not_the_current_one(adapter):
     }
     for name, (fn, cpu_args) in cases.items():
         expected = fn(*cpu_args)
-        for _ in range(2):  # the second call takes the direct launch of the cached compiled kernel
+        for _ in range(2):  # the second call launches the kernel compiled by the first
             with torch.cuda.device(0):
                 ours = fn(*[t.to("cuda:1") for t in cpu_args])
             ours = ours if isinstance(ours, tuple) else (ours,)
