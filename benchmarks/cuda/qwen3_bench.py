@@ -112,8 +112,7 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
         _cpp_extension.extension(wait=True)
         how = f"C++ autograd extension: {_cpp_extension.status()}. "
         report = kernels_core.get_report(model)
-        if not any((e.kernel or "").startswith("cuda.") or (e.reason or "").startswith("left to torch.compile: cuda.")
-                   for e in report.entries):
+        if not any((e.kernel or e.left_to_compiler or "").startswith("cuda.") for e in report.entries):
             # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
             raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
         how += report.summary()

@@ -179,9 +179,11 @@ def test_kernels_native_when_compiled_leave_their_modules_to_torch_compile():
     rows = [e for e in report.entries if e.kind == "rms_norm"]
     assert rows
     assert all(e.kernel is None and e.reason.startswith("left to torch.compile: native.rms_norm") for e in rows)
+    assert all(e.left_to_compiler == "native.rms_norm" for e in rows)
     # Neither the lower-ranked kernel nor anything else takes its place: the modules keep their own forward.
     assert all("forward" not in m.__dict__ for m in model.modules() if type(m).__name__ == "LlamaRMSNorm")
-    left = [e for e in report.entries if (e.reason or "").startswith("left to torch.compile")]
+    left = [e for e in report.entries if e.left_to_compiler]
+    assert all(e.reason.startswith("left to torch.compile") for e in left)
     assert f"{len(left)} left to torch.compile" in report.summary()
     for mode in (Mode.INFERENCE, Mode.TRAINING | Mode.TORCH_COMPILE):
         kernels_core.kernelize(model, mode=mode, plugin_manager=pm)

@@ -282,7 +282,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 continue
             choice = resolver.choose(verdict, target)
             if choice.kernel is None:
-                entry = _entry(module_name, verdict, target, reason=choice.reason)
+                entry = _entry(module_name, verdict, target, reason=choice.reason,
+                               left_to_compiler=choice.left_to_compiler)
                 entries.append(entry)
                 if choice.unmet and config.strict_for(kind_name):
                     unmet.append(entry)

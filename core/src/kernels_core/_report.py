@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-__all__ = ["LEFT_TO_COMPILER", "KernelizeReport", "ReportEntry", "format_table"]
-
-# Starts the reason of a module left on its own forward for torch.compile (KernelSpec.native_when_compiled).
-LEFT_TO_COMPILER = "left to torch.compile"
+__all__ = ["KernelizeReport", "ReportEntry", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +19,9 @@ class ReportEntry:
     ``reason`` is set when nothing was applied; ``note`` says why an applied kernel is not the first choice
     (a preferred or higher-priority kernel could not be used). ``covered_by`` and ``covered_on`` are set when
     a kernel bound to an enclosing module (``covered_on``) computes this module's math itself, so this module's
-    forward never runs: it gets no kernel of its own and is not counted as a binding.
+    forward never runs: it gets no kernel of its own and is not counted as a binding. ``left_to_compiler`` names
+    the kernel that would have run where the module was left on its own forward for torch.compile, since that
+    kernel traces to the same plain PyTorch ops (``KernelSpec.native_when_compiled``).
     """
 
     module: str
@@ -38,6 +37,7 @@ class ReportEntry:
     note: str | None = None
     covered_by: str | None = None
     covered_on: str | None = None
+    left_to_compiler: str | None = None
 
     @property
     def applied(self) -> bool:
@@ -87,7 +87,7 @@ class KernelizeReport:
         covered = len(self.covered)
         if covered:
             text += f", {covered} computed by a kernel on an enclosing module"
-        compiled = sum(1 for e in self.entries if (e.reason or "").startswith(LEFT_TO_COMPILER))
+        compiled = sum(1 for e in self.entries if e.left_to_compiler)
         if compiled:
             text += f", {compiled} left to torch.compile"
         return f"{text} [{parts}]" if parts else text

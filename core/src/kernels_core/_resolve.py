@@ -16,7 +16,6 @@ from ._config import KernelsConfig
 from ._forward import load_ref
 from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
-from ._report import LEFT_TO_COMPILER
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
@@ -49,13 +48,15 @@ class Choice:
     ``unmet`` is true when no kernel was chosen although the module could have had one: an installed kernel of
     its kind declares the module's backend (or ``"any"``) and configuration does not disable it; it was passed
     over for its variant, mode, dtype, capability, architecture, requirements or a failure to load. Strict
-    kernelize raises for exactly these modules.
+    kernelize raises for exactly these modules. ``left_to_compiler`` names the kernel that would have been chosen
+    when the module is left on its own forward for torch.compile instead (``KernelSpec.native_when_compiled``).
     """
 
     kernel: ProvidedKernel | None
     reason: str | None = None
     note: str | None = None
     unmet: bool = False
+    left_to_compiler: str | None = None
 
 
 @cache
@@ -162,9 +163,11 @@ class Resolver:
         for provided in candidates:
             problem = self.problem(provided, match, target)
             if problem is None and provided.spec.left_to_compiler(self.mode):
-                return Choice(None, reason=f"{LEFT_TO_COMPILER}: {provided.spec.id}, the best kernel here, runs plain "
+                kernel_id = provided.spec.id
+                return Choice(None, reason=f"left to torch.compile: {kernel_id}, the best kernel here, runs plain "
                                            f"PyTorch ops when traced in {self.mode.name}, so Inductor compiles the "
-                                           "module's own forward (binding it would only add guards)")
+                                           "module's own forward (binding it would only add guards)",
+                              left_to_compiler=kernel_id)
             problem = problem or self.load_problem(provided)
             if problem is None:
                 # Say why any better-ranked kernel meant for this device was passed over.

@@ -343,7 +343,7 @@ class KernelSpec:
             >>> spec.left_to_compiler(Mode.INFERENCE | Mode.TORCH_COMPILE), spec.left_to_compiler(Mode.INFERENCE)
             (True, False)
         """
-        return Mode.TORCH_COMPILE in mode and bool(self.native_when_compiled) and mode in self.native_when_compiled
+        return Mode.TORCH_COMPILE in mode and mode in self.native_when_compiled
 
     @property
     def portable(self) -> bool:
