@@ -51,9 +51,10 @@ def _run(fn, x, index, weights, gate_up, down, grad):
 
 def test_routing_offsets_and_permutation():
     index = torch.tensor([[3, 1], [1, 0], [3, 3], [0, 1], [1, 3]])
-    perm, rows, ends = _experts.routing(index, num_experts=5)
+    perm, inverse, rows, ends = _experts.routing(index, num_experts=5)
     flat = index.reshape(-1)
     assert torch.equal(flat[perm], torch.sort(flat, stable=True).values)
+    assert torch.equal(perm[inverse], torch.arange(flat.numel()))
     assert torch.equal(rows, perm // 2)
     assert ends.dtype == torch.int32
     # Experts 2 and 4 are empty: their groups have zero length.
