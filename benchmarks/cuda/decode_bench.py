@@ -7,6 +7,12 @@ alternating order; a cell's figure is the median over its rounds (one process's 
     python benchmarks/cuda/decode_bench.py --models llama-3.1-8b-4l --out benchmarks/results/decode-h100.json
     python benchmarks/cuda/decode_bench.py --models qwen3-0.6b --add --out benchmarks/results/decode-h100.json
 
+``--alternate`` measures compile against kernelize + compile (static cache) in one process per model instead,
+alternating ``--rounds`` times, kernelizing and unkernelizing the same model in place with Dynamo reset before each
+switch: both sides then share the process's host conditions.
+
+    python benchmarks/cuda/decode_bench.py --alternate --rounds 4 --out benchmarks/results/decode-compile-ab-h100.json
+
 ``--add`` keeps the rows already in ``--out`` for cells (model, variant, cache, batch) this run does not measure,
 when they were measured at the same commit on the same device, so one file can be filled by several shorter runs.
 
@@ -103,6 +109,87 @@ def _profile(model, ids, kwargs) -> list[dict]:
     return rows[:30]
 
 
+def _prompt_ids(model, batch: int, prompt: int) -> torch.Tensor:
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    return torch.randint(1, model.config.vocab_size, (batch, prompt), device="cuda", generator=gen)
+
+
+def _time_generate(model, ids: torch.Tensor, kwargs: dict, *, new_tokens: int, repeats: int) -> dict:
+    """The first generate's seconds, then the median of ``repeats`` generates with the prefill taken out."""
+    prompt = ids.shape[1]
+    with torch.no_grad():
+        start = time.perf_counter()
+        first = model.generate(ids, **kwargs)
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - start
+        print(f"  first generate {first_s:.2f} s", file=sys.stderr, flush=True)
+        model.generate(ids, **kwargs)  # a static cache's graphs are recorded over the first calls
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = model.generate(ids, **kwargs)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        # Prefill alone, to take it out of the per-token figure.
+        pre = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.generate(ids, **{**kwargs, "max_new_tokens": 1, "min_new_tokens": 1})
+            torch.cuda.synchronize()
+            pre.append(time.perf_counter() - start)
+    total, prefill = statistics.median(times), statistics.median(pre)
+    return {
+        "first_generate_s": round(first_s, 2), "generate_s": round(total, 4), "prefill_s": round(prefill, 4),
+        "ms_per_token": round(1e3 * (total - prefill) / (new_tokens - 1), 3),
+        "tokens_head": out[0, prompt:prompt + 8].tolist(),
+        "same_tokens_first_and_last": bool(torch.equal(first, out)),
+    }
+
+
+def run_alternating(model_name: str, *, batches: list[int], new_tokens: int, prompt: int, repeats: int,
+                    rounds: int, out: pathlib.Path) -> None:
+    """``compile`` and ``kernelize_compile`` (static cache) on one model in one process, alternating A B B A ...:
+    kernelize and unkernelize in place, Dynamo reset before each switch, so both sides share the process's host
+    conditions, which differ more from one process to the next than the two sides differ. The rows go to ``out``
+    after each measurement: a run stopped by its time limit keeps its finished rounds."""
+    import kernels_core
+
+    model = build(model_name)
+    mode = kernels_core.Mode.INFERENCE | kernels_core.Mode.TORCH_COMPILE
+    rows = []
+    for round_index in range(rounds):
+        order = ("compile", "kernelize_compile") if round_index % 2 == 0 else ("kernelize_compile", "compile")
+        for variant in order:
+            torch._dynamo.reset()
+            if variant == "kernelize_compile":
+                kernels_core.kernelize(model, mode=mode)
+            else:
+                kernels_core.unkernelize(model)
+            for batch in batches:
+                print(f"{model_name} round {round_index} {variant} batch {batch}", file=sys.stderr, flush=True)
+                timed = _time_generate(model, _prompt_ids(model, batch, prompt),
+                                       generate_kwargs("static", variant, new_tokens), new_tokens=new_tokens,
+                                       repeats=repeats)
+                rows.append({"model": model_name, "round": round_index, "variant": variant, "batch": batch, **timed})
+                out.write_text(json.dumps(rows))
+
+
+def _alternating_summary(rows: list[dict]) -> dict:
+    """Per (model, batch): each round's kernelize_compile / compile speed ratio and their median."""
+    summary = {}
+    for key in sorted({(r["model"], r["batch"]) for r in rows}):
+        ratios = []
+        for round_index in sorted({r["round"] for r in rows}):
+            got = {r["variant"]: r["ms_per_token"] for r in rows
+                   if (r["model"], r["batch"], r["round"]) == (*key, round_index)}
+            if len(got) == 2:
+                ratios.append(round(got["compile"] / got["kernelize_compile"], 3))
+        summary[f"{key[0]} batch {key[1]}"] = {"kernelize_compile_vs_compile_per_round": ratios,
+                                                "median": round(statistics.median(ratios), 3) if ratios else None}
+    return summary
+
+
 def run_variant(model_name: str, variant: str, *, batches: list[int], caches: list[str], new_tokens: int,
                 prompt: int, repeats: int, profile: bool) -> list[dict]:
     model = build(model_name)
@@ -120,39 +207,9 @@ def run_variant(model_name: str, variant: str, *, batches: list[int], caches: li
             row = {"model": model_name, "variant": variant, "cache": cache, "batch": batch, "binding": how}
             print(f"{model_name} {variant} {cache} batch {batch}", file=sys.stderr, flush=True)
             try:
-                gen = torch.Generator(device="cuda").manual_seed(batch)
-                ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device="cuda", generator=gen)
+                ids = _prompt_ids(model, batch, prompt)
                 kwargs = generate_kwargs(cache, variant, new_tokens)
-                with torch.no_grad():
-                    start = time.perf_counter()
-                    first = model.generate(ids, **kwargs)
-                    torch.cuda.synchronize()
-                    row["first_generate_s"] = round(time.perf_counter() - start, 2)
-                    print(f"  first generate {row['first_generate_s']} s", file=sys.stderr, flush=True)
-                    model.generate(ids, **kwargs)  # a static cache's graphs are recorded over the first calls
-                    times = []
-                    for _ in range(repeats):
-                        torch.cuda.synchronize()
-                        start = time.perf_counter()
-                        out = model.generate(ids, **kwargs)
-                        torch.cuda.synchronize()
-                        times.append(time.perf_counter() - start)
-                    # Prefill alone, to take it out of the per-token figure.
-                    pre = []
-                    for _ in range(repeats):
-                        start = time.perf_counter()
-                        model.generate(ids, **{**kwargs, "max_new_tokens": 1, "min_new_tokens": 1})
-                        torch.cuda.synchronize()
-                        pre.append(time.perf_counter() - start)
-                times.sort()
-                pre.sort()
-                total, prefill = times[len(times) // 2], pre[len(pre) // 2]
-                row.update({
-                    "generate_s": round(total, 4), "prefill_s": round(prefill, 4),
-                    "ms_per_token": round(1e3 * (total - prefill) / (new_tokens - 1), 3),
-                    "tokens_head": out[0, prompt:prompt + 8].tolist(),
-                    "same_tokens_first_and_last": bool(torch.equal(first, out)),
-                })
+                row.update(_time_generate(model, ids, kwargs, new_tokens=new_tokens, repeats=repeats))
                 if profile:
                     row["profile"] = _profile(model, ids, kwargs)
             except Exception as exc:  # noqa: BLE001 - a failing cell is a result to report
@@ -186,12 +243,19 @@ def main() -> None:
                         help="keep --out's rows of cells this run does not measure, if measured at this commit on "
                              "this device")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--alternate", action="store_true",
+                        help="compile against kernelize_compile (static cache) in one process per model, --rounds "
+                             "alternations of both; --out gets these rows and the per-round ratios")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     caches = args.caches.split(",")
     if args.child:
         model_name, variant = args.child.split(":")
+        if variant == "alternate":
+            run_alternating(model_name, batches=batches, new_tokens=args.new_tokens, prompt=args.prompt,
+                            repeats=args.repeats, rounds=args.rounds, out=args.out)
+            return
         if variant.endswith("compile"):
             caches = args.compile_caches.split(",")
         rows = run_variant(model_name, variant, batches=batches, caches=caches, new_tokens=args.new_tokens,
@@ -203,6 +267,9 @@ def main() -> None:
     from _common import run_child
 
     models, variants = args.models.split(","), args.variants.split(",")
+    if args.alternate:
+        _alternate(args, models)
+        return
     by_cell: dict[tuple, list[dict]] = {}
     kept = []
     if args.add and args.out.exists():
@@ -233,6 +300,39 @@ def main() -> None:
                     by_cell.setdefault(key, []).append(row)
         # Written after every round: a run cut short by a time limit still leaves its finished rounds.
         _write(args, by_cell, kept, done=round_index + 1)
+
+
+def _alternate(args: argparse.Namespace, models: list[str]) -> None:
+    from _common import environment
+    from _common import run_child
+    from _common import write_json
+
+    rows, errors = [], {}
+    for model_name in models:
+        tmp = args.out.with_name(f".{model_name}-alternate.json")
+        cmd = [sys.executable, __file__, "--child", f"{model_name}:alternate", "--out", str(tmp), "--batches",
+               args.batches, "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats",
+               str(args.repeats), "--rounds", str(args.rounds)]
+        got, error = run_child(cmd, tmp, timeout=args.compile_timeout)
+        rows += got or []
+        if error:
+            errors[model_name] = error
+    summary = _alternating_summary(rows)
+    for cell, result in summary.items():
+        rounds = result["kernelize_compile_vs_compile_per_round"]
+        print(f"{cell}: kernelize_compile vs compile {result['median']} (rounds {rounds})", flush=True)
+    write_json(args.out, {
+        "benchmark": "decode_bench --alternate",
+        "what": "greedy generate with the static cache: torch.compile alone against kernelize + compile, alternating "
+                "in one process per model (kernelize / unkernelize in place, Dynamo reset before each switch)",
+        "environment": environment(),
+        "config": f"prompt {args.prompt} tokens, {args.new_tokens} new tokens, bf16, sdpa, {args.rounds} rounds; "
+                  "ms_per_token excludes the prefill; a round's ratio is compile's ms per token over "
+                  "kernelize_compile's (above 1: kernelize + compile is faster)",
+        "summary": summary,
+        **({"errors": errors} if errors else {}),
+        "rows": rows,
+    })
 
 
 def _write(args: argparse.Namespace, by_cell: dict[tuple, list[dict]], kept: list[dict], *, done: int) -> None:
