@@ -158,6 +158,22 @@ def _vs(row: dict) -> str:
     return "-"
 
 
+def _decode_ab_section(stem: str, data: dict) -> list[str]:
+    """``decode_bench.py --alternate``: both compiled variants in one process per model, per-round ratios."""
+    parts = [f"## Decoding, `torch.compile` against kernelize + compile in one process (`{stem}.json`)", "",
+             f"{data.get('what', '')}: {_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}.", ""]
+    runs: dict[tuple, list[float]] = {}
+    for row in data["rows"]:
+        runs.setdefault((row["model"], row["batch"], row["variant"]), []).append(row["ms_per_token"])
+    spread = max((max(v) / min(v) - 1 for v in runs.values() if len(v) > 1), default=0.0)
+    if spread:
+        parts += [f"One variant's own rounds in one process differ by up to {spread:.0%} in ms per token.", ""]
+    parts += [_table(("cell", "kernelize + compile vs compile, per round", "median"),
+                     ((cell, ", ".join(f"{r:.2f}x" for r in result["kernelize_compile_vs_compile_per_round"]),
+                       f"{result['median']:.2f}x") for cell, result in data["summary"].items())), ""]
+    return parts
+
+
 def _decode_section(data: dict, chart_dir: str | None) -> list[str]:
     parts = ["## Decoding (`decode-h100.json`)", "", f"{data.get('what', '')}: {_device(data)}, commit "
              f"`{_commit(data)}`; {data.get('config', '')}.", ""]
