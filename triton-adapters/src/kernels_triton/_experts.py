@@ -127,8 +127,8 @@ def experts_forward(
 
     ``hidden_states [T, H]``, ``top_k_index [T, K]``, ``top_k_weights [T, K]``, ``gate_up_proj [E, 2I, H]``,
     ``down_proj [E, H, I]``; ``activation`` is ``"silu"`` or ``"gelu_tanh"``. The output ``[T, H]`` is in the
-    hidden dtype; a token's weighted slots are summed in one reduction (float32 accumulation; eager adds them one
-    by one in the hidden dtype).
+    hidden dtype; each slot's weighted row is rounded to the dtype and a token's K rows are summed in one reduction
+    with float32 accumulation (eager adds them one by one in the hidden dtype).
     The grouped products need rows of a multiple of 16 bytes (``H``, ``I`` times the element size); other sizes
     take the dense static-shape path (every expert on every token, correct and traceable, ``E`` times the work).
 
