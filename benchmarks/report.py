@@ -187,14 +187,14 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 against = "eager" if base == "eager" else "`torch.compile`"
                 cells = [ab.get(f"{model} batch {batch}") for batch in (1, 8)]
                 if variant == "kernelize_compile" and all(cells):
+                    stem, name, source = ab_stem, f"{name} (one process, alternating)", results[ab_stem]
                     ratios = [cell["median"] for cell in cells]
-                    add(ab_stem, f"{name} (one process, alternating)", against, ratios[0],
-                        f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-", _commit(results[ab_stem]))
-                    continue
-                ratios = [_decode_ms(data, model, cache, batch, base) / _decode_ms(data, model, cache, batch, variant)
-                          for batch in (1, 8)]
-                add("decode-h100", name, against, ratios[0],
-                    f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-", _commit(data))
+                else:
+                    stem, source = "decode-h100", data
+                    ratios = [_decode_ms(data, model, cache, batch, base)
+                              / _decode_ms(data, model, cache, batch, variant) for batch in (1, 8)]
+                add(stem, name, against, ratios[0], f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-",
+                    _commit(source))
     for stem in ("portable-cpu",):
         if stem in results:
             data = results[stem]

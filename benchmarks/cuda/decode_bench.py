@@ -177,16 +177,14 @@ def run_alternating(model_name: str, *, batches: list[int], new_tokens: int, pro
 
 def _alternating_summary(rows: list[dict]) -> dict:
     """Per (model, batch): each round's kernelize_compile / compile speed ratio and their median."""
+    ms = {(r["model"], r["batch"], r["round"], r["variant"]): r["ms_per_token"] for r in rows}
     summary = {}
-    for key in sorted({(r["model"], r["batch"]) for r in rows}):
-        ratios = []
-        for round_index in sorted({r["round"] for r in rows}):
-            got = {r["variant"]: r["ms_per_token"] for r in rows
-                   if (r["model"], r["batch"], r["round"]) == (*key, round_index)}
-            if len(got) == 2:
-                ratios.append(round(got["compile"] / got["kernelize_compile"], 3))
-        summary[f"{key[0]} batch {key[1]}"] = {"kernelize_compile_vs_compile_per_round": ratios,
-                                                "median": round(statistics.median(ratios), 3) if ratios else None}
+    for model, batch in sorted({(r["model"], r["batch"]) for r in rows}):
+        ratios = [round(ms[model, batch, i, "compile"] / ms[model, batch, i, "kernelize_compile"], 3)
+                  for i in sorted({r["round"] for r in rows})
+                  if (model, batch, i, "compile") in ms and (model, batch, i, "kernelize_compile") in ms]
+        summary[f"{model} batch {batch}"] = {"kernelize_compile_vs_compile_per_round": ratios,
+                                             "median": round(statistics.median(ratios), 3) if ratios else None}
     return summary
 
 
@@ -282,10 +280,7 @@ def main() -> None:
         for model_name in models:
             for variant in variants if round_index % 2 == 0 else variants[::-1]:
                 tmp = args.out.with_name(f".{model_name}-{variant}.json")
-                cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
-                       "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
-                       "--new-tokens", str(args.new_tokens),
-                       "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
+                cmd = _child_cmd(args, model_name, variant, tmp)
                 cmd += ["--profile"] if args.profile and round_index == 0 else []
                 limit = args.compile_timeout if variant.endswith("compile") else args.timeout
                 got, error = run_child(cmd, tmp, timeout=limit)
@@ -302,6 +297,14 @@ def main() -> None:
         _write(args, by_cell, kept, done=round_index + 1)
 
 
+def _child_cmd(args: argparse.Namespace, model_name: str, variant: str, out: pathlib.Path) -> list[str]:
+    """This script in a fresh process for one model and variant (``alternate``: both compiled ones), writing out."""
+    return [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(out),
+            "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
+            "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats", str(args.repeats),
+            "--rounds", str(args.rounds)]
+
+
 def _alternate(args: argparse.Namespace, models: list[str]) -> None:
     from _common import environment
     from _common import run_child
@@ -310,10 +313,7 @@ def _alternate(args: argparse.Namespace, models: list[str]) -> None:
     rows, errors = [], {}
     for model_name in models:
         tmp = args.out.with_name(f".{model_name}-alternate.json")
-        cmd = [sys.executable, __file__, "--child", f"{model_name}:alternate", "--out", str(tmp), "--batches",
-               args.batches, "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats",
-               str(args.repeats), "--rounds", str(args.rounds)]
-        got, error = run_child(cmd, tmp, timeout=args.compile_timeout)
+        got, error = run_child(_child_cmd(args, model_name, "alternate", tmp), tmp, timeout=args.compile_timeout)
         rows += got or []
         if error:
             errors[model_name] = error
