@@ -56,6 +56,12 @@ SHAPES: dict[str, dict] = {
                        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                        norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False, rms_norm_eps=1e-6),
     },
+    "mixtral-8x7b": {
+        "model": "MixtralForCausalLM", "config": "MixtralConfig", "layers": 2,
+        "kwargs": dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32000,
+                       tie_word_embeddings=False),
+    },
 }
 
 

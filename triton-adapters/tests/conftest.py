@@ -34,7 +34,7 @@ def triton_kernels():
         rms_norm=_rms_norm.apply_rms_norm, rms_norm_forward=_rms_norm.rms_norm_forward,
         add_rms_norm_backward=_rms_norm.add_rms_norm_backward, norm_backward_tiling=_rms_norm.norm_backward_tiling,
         residual_rms_norm=_residual_rms_norm.apply_residual_rms_norm, rotary=_rotary.rotary,
-        gated_activation=_gated.gated_activation)
+        gated_activation=_gated.gated_activation, gate_up_activation=_gated.gate_up_activation)
 
 
 requires_cuda = pytest.mark.skipif(

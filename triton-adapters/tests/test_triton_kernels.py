@@ -35,7 +35,8 @@ def kernels(triton_kernels):
         from kernels_triton import _rotary
 
         return SimpleNamespace(rms_norm=_rms_norm.rms_norm, rotary_embedding=_rotary.rotary_embedding,
-                               silu_mul=_gated.silu_mul, gelu_tanh_mul=_gated.gelu_tanh_mul)
+                               silu_mul=_gated.silu_mul, gelu_tanh_mul=_gated.gelu_tanh_mul,
+                               gate_up_activation=_gated.gate_up_activation)
 
     class Raw:
         @staticmethod
@@ -53,6 +54,8 @@ def kernels(triton_kernels):
         @staticmethod
         def gelu_tanh_mul(gate, up):
             return _triton_kernels.gated_activation(gate, up, gelu=True)
+
+        gate_up_activation = staticmethod(_triton_kernels.gate_up_activation)
 
     return Raw
 
@@ -128,6 +131,40 @@ def test_gated_activation_matches_eager(kernels, act, dtype):
     gate = torch.randn(3, 41, 333, device=DEV) * 4
     up = torch.randn(3, 41, 333, device=DEV)
     compare_with_eager(fn, eager, [gate, up], [], dtype, f"{WHERE} {act} gated activation")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("shape", [(37, 2 * 40), (2, 5, 2 * 768)], ids=["ragged_rows", "whole_blocks"])
+def test_gate_up_activation_matches_eager(kernels, act, shape, dtype):
+    # The MoE experts' concatenated [gate | up] projection: rows of 40 are masked; rows of 768 fill 256-wide blocks.
+    import torch.nn.functional as F
+
+    def eager(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
+
+    gate_up = torch.randn(shape, device=DEV) * 3
+    compare_with_eager(lambda t: kernels.gate_up_activation(t, gelu=act == "gelu_tanh"), eager, [gate_up], [],
+                       dtype, f"{WHERE} {act} concatenated gated activation")
+
+
+def test_gate_up_activation_writes_the_gradient_over_an_intermediate_only(kernels):
+    import torch.nn.functional as F
+
+    leaf = torch.randn(6, 2 * 48, device=DEV, requires_grad=True)
+    keep = leaf.detach().clone()
+    kernels.gate_up_activation(leaf, gelu=False).sum().backward()
+    assert torch.equal(leaf.detach(), keep), "a leaf input was overwritten"
+    base = torch.randn(6, 2 * 48, device=DEV, requires_grad=True)
+    middle = base * 2
+    out = kernels.gate_up_activation(middle, gelu=False)
+    out.backward(torch.ones_like(out))
+    gate, up = (2 * base.detach()).chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    expected = 2 * torch.cat([up * sig * (1 + gate * (1 - sig)), F.silu(gate)], dim=-1)
+    torch.testing.assert_close(base.grad, expected, rtol=1e-4, atol=1e-5)
+    assert middle._version > 0, "the intermediate's storage took its gradient and its version was bumped"
 
 
 def test_rms_norm_leaves_the_upstream_gradient_alone(kernels):

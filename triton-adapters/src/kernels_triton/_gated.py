@@ -1,6 +1,7 @@
 """Gated activations for SwiGLU and GeGLU MLPs (``act(gate) * up``, SiLU or GELU-tanh): this package's Triton
 kernels (one launch per direction), their ``autograd.Function`` and ``torch.library`` custom ops, the adapters over
-them and the adapters over Liger's fused kernels.
+them and the adapters over Liger's fused kernels. The kernels take gate and up as two tensors or as the halves of
+one concatenated ``[gate | up]`` projection (the MoE experts' layout), whose gradient they then write in one piece.
 
 Only gate and up are saved for backward; eagerly their storage then receives the gradients, as Liger does, but
 only for intermediate tensors, and their version is bumped so any other reader raises.
@@ -26,8 +27,8 @@ from ._launch import FLOATS
 from ._launch import cdiv
 
 
-__all__ = ["gated_activation", "gated_backward", "gated_forward", "gated_op", "gelu_tanh_mul", "liger_gelu_tanh_mul",
-           "liger_silu_mul", "silu_mul"]
+__all__ = ["gate_up_activation", "gated_activation", "gated_backward", "gated_forward", "gated_op", "gelu_tanh_mul",
+           "liger_gelu_tanh_mul", "liger_silu_mul", "silu_mul"]
 
 
 @triton.jit
@@ -57,26 +58,36 @@ def _store(PTR, offs, value, n, EVEN: tl.constexpr):
         tl.store(PTR + offs, value.to(PTR.dtype.element_ty), mask=offs < n)
 
 
-@triton.jit(do_not_specialize=["n"])
-def _gated_fwd_kernel(GATE, UP, OUT, n, GELU: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    a, b = _load_pair(GATE, UP, offs, n, EVEN)
+@triton.jit(do_not_specialize=["width", "col_blocks"])
+def _gated_fwd_kernel(GATE, UP, OUT, width, col_blocks, in_stride, out_stride, GELU: tl.constexpr,
+                      BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    # Rows of ``width`` elements, gate and up rows ``in_stride`` apart, output rows ``out_stride`` apart: one row
+    # for contiguous operands (strides 0), or the halves of a concatenated [rows, 2 * width] gate/up tensor.
+    # The strides stay specialised: knowing them multiples of 16 keeps the loads vectorised.
+    pid = tl.program_id(0)
+    row = (pid // col_blocks).to(tl.int64)
+    offs = (pid % col_blocks).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    a, b = _load_pair(GATE + row * in_stride, UP + row * in_stride, offs, width, EVEN)
     if GELU:
         inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
         act = 0.5 * a * (1.0 + _tanh(inner))
     else:
         act = a * tl.sigmoid(a)
-    _store(OUT, offs, act * b, n, EVEN)
+    _store(OUT + row * out_stride, offs, act * b, width, EVEN)
 
 
-@triton.jit(do_not_specialize=["n"])
-def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, n, GELU: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+@triton.jit(do_not_specialize=["width", "col_blocks"])
+def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, width, col_blocks, in_stride, out_stride, GELU: tl.constexpr,
+                      BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    # The forward's layout; the gradients of gate and up are laid out as gate and up themselves.
+    pid = tl.program_id(0)
+    row = (pid // col_blocks).to(tl.int64)
+    offs = (pid % col_blocks).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     if EVEN:
-        g = tl.load(DOUT + offs).to(tl.float32)
+        g = tl.load(DOUT + row * out_stride + offs).to(tl.float32)
     else:
-        g = tl.load(DOUT + offs, mask=offs < n, other=0.0).to(tl.float32)
-    a, b = _load_pair(GATE, UP, offs, n, EVEN)
+        g = tl.load(DOUT + row * out_stride + offs, mask=offs < width, other=0.0).to(tl.float32)
+    a, b = _load_pair(GATE + row * in_stride, UP + row * in_stride, offs, width, EVEN)
     if GELU:
         inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
         t = _tanh(inner)
@@ -86,21 +97,49 @@ def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, n, GELU: tl.constexpr, BLOCK: 
         sig = tl.sigmoid(a)
         act = a * sig
         d_act = sig * (1.0 + a * (1.0 - sig))
-    _store(DGATE, offs, g * b * d_act, n, EVEN)
-    _store(DUP, offs, g * act, n, EVEN)
+    _store(DGATE + row * in_stride, offs, g * b * d_act, width, EVEN)
+    _store(DUP + row * in_stride, offs, g * act, width, EVEN)
 
 
 # 1024 divides every common intermediate size times any token count (3072, 4096, 8192, 11008, 14336, ...).
 _GATED_BLOCK = 1024
 
 
+def _layout(gate: torch.Tensor, up: torch.Tensor) -> tuple[int, int, int]:
+    """(rows, width, row stride) of the operands: one flat row when both are contiguous, else the rows of the
+    two ``[rows, width]`` halves of a contiguous ``[rows, 2 * width]`` tensor (unit last stride, one row stride)."""
+    if gate.is_contiguous() and up.is_contiguous():
+        return 1, gate.numel(), 0
+    return gate.shape[0], gate.shape[1], gate.stride(0)
+
+
+def _launch(kernel: object, tensors: tuple[torch.Tensor, ...], rows: int, width: int, in_stride: int,
+            gelu: bool) -> None:
+    # Rows take the largest block (up to 1024) dividing their width, so whole rows need no mask (768: 256).
+    block = _GATED_BLOCK
+    while rows > 1 and width % block and block > 128:
+        block //= 2
+    col_blocks = cdiv(width, block)
+    kernel[(rows * col_blocks,)](*tensors, width, col_blocks, in_stride, 0 if rows == 1 else width, gelu, block,
+                                 width % block == 0, num_warps=max(1, block // 256))
+
+
 def gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
-    """``act(gate) * up`` into a new tensor, for contiguous same-shape, same-dtype operands."""
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    _gated_fwd_kernel[(cdiv(n, _GATED_BLOCK),)](gate, up, out, n, gelu, _GATED_BLOCK, n % _GATED_BLOCK == 0,
-                                                num_warps=4)
+    """``act(gate) * up`` into a new contiguous tensor, for same-shape, same-dtype operands that are either both
+    contiguous or the two halves of a contiguous ``[rows, 2 * width]`` tensor."""
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    rows, width, in_stride = _layout(gate, up)
+    _launch(_gated_fwd_kernel, (gate, up, out), rows, width, in_stride, gelu)
     return out
+
+
+def _halves(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return gate_up.view(-1, gate_up.shape[-1]).chunk(2, dim=-1)
+
+
+def _operands(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    # ``up`` None: ``gate`` is the concatenated [..., 2 * width] gate/up tensor.
+    return (gate, up) if up is not None else _halves(gate)
 
 
 class _Gated(torch.autograd.Function):
@@ -108,10 +147,12 @@ class _Gated(torch.autograd.Function):
     def forward(ctx, gate, up, gelu):
         ctx.save_for_backward(gate, up)
         ctx.gelu = gelu
+        inputs = tuple(t for t in (gate, up) if t is not None)
         # Only intermediate results of the graph (not a caller's leaf tensors, not views into other tensors) may
         # have their storage reused for the gradients in backward.
-        ctx.reuse = all(t.grad_fn is not None and t._base is None for t in (gate, up))
-        return gated_forward(gate, up, gelu)
+        ctx.reuse = all(t.grad_fn is not None and t._base is None for t in inputs)
+        out = gated_forward(*_operands(gate, up), gelu)
+        return out if up is not None else out.view(*gate.shape[:-1], gate.shape[-1] // 2)
 
     @staticmethod
     def backward(ctx, dout):
@@ -119,20 +160,21 @@ class _Gated(torch.autograd.Function):
         # The gradients overwrite the saved gate and up (each element is read before it is written), as Liger
         # does: two fewer [tokens, intermediate] tensors while the backward of the MLP runs. Bumping their version
         # makes any other autograd node that saved the same tensors raise instead of reading gradients.
-        dgate, dup = gated_backward(dout, gate, up, ctx.gelu, into_inputs=ctx.reuse)
+        grads = (gate, up) if ctx.reuse else tuple(None if t is None else torch.empty_like(t) for t in (gate, up))
+        gated_backward(dout, *_operands(gate, up), ctx.gelu, into=_operands(*grads))
         if ctx.reuse:
-            torch.autograd.graph.increment_version((gate, up))
-        return dgate, dup, None
+            torch.autograd.graph.increment_version(tuple(t for t in (gate, up) if t is not None))
+        return grads[0], grads[1], None
 
 
 def gated_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, gelu: bool, *,
-                   into_inputs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of gate and up; ``into_inputs`` writes them over gate and up themselves."""
+                   into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of gate and up (laid out as :func:`gated_forward` takes them), written into ``into`` if given
+    (laid out as gate and up; gate and up themselves overwrite the inputs), else into new tensors."""
     dout = dout.contiguous()
-    n = gate.numel()
-    dgate, dup = (gate, up) if into_inputs else (torch.empty_like(gate), torch.empty_like(up))
-    _gated_bwd_kernel[(cdiv(n, _GATED_BLOCK),)](dout, gate, up, dgate, dup, n, gelu, _GATED_BLOCK,
-                                                n % _GATED_BLOCK == 0, num_warps=4)
+    dgate, dup = into if into is not None else (torch.empty_like(gate), torch.empty_like(up))
+    rows, width, in_stride = _layout(gate, up)
+    _launch(_gated_bwd_kernel, (dout, gate, up, dgate, dup), rows, width, in_stride, gelu)
     return dgate, dup
 
 
@@ -141,6 +183,15 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, *, gelu: bool) -> tor
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return _Gated.apply(gate, up, gelu)
     return gated_forward(gate, up, gelu)
+
+
+def gate_up_activation(gate_up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
+    """``act(gate) * up`` for a contiguous ``[..., 2 * width]`` tensor holding ``[gate | up]`` (the MoE experts'
+    concatenated projection), output ``[..., width]``; saves only ``gate_up`` for backward, whose gradient is
+    written in one piece (no concatenation of the halves' gradients)."""
+    if torch.is_grad_enabled() and gate_up.requires_grad:
+        return _Gated.apply(gate_up, None, gelu)
+    return gated_forward(*_halves(gate_up), gelu).view(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 
 # -------------------------------------------------------------------------------------------------- custom ops
