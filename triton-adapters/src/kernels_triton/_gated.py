@@ -58,36 +58,44 @@ def _store(PTR, offs, value, n, EVEN: tl.constexpr):
         tl.store(PTR + offs, value.to(PTR.dtype.element_ty), mask=offs < n)
 
 
+@triton.jit
+def _row_start(pid, col_blocks, in_stride, out_stride, ROWS: tl.constexpr):
+    # ROWS: rows of ``width`` elements, gate and up rows ``in_stride`` apart and output rows ``out_stride`` apart
+    # (the halves of a concatenated [rows, 2 * width] gate/up tensor), each row ``col_blocks`` programs; else one
+    # flat row. The strides stay specialised: known multiples of 16, they keep the loads vectorised.
+    if ROWS:
+        row = (pid // col_blocks).to(tl.int64)
+        in_start, out_start, block = row * in_stride, row * out_stride, pid % col_blocks
+    else:
+        in_start, out_start, block = 0, 0, pid
+    return in_start, out_start, block
+
+
 @triton.jit(do_not_specialize=["width", "col_blocks"])
 def _gated_fwd_kernel(GATE, UP, OUT, width, col_blocks, in_stride, out_stride, GELU: tl.constexpr,
-                      BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    # Rows of ``width`` elements, gate and up rows ``in_stride`` apart, output rows ``out_stride`` apart: one row
-    # for contiguous operands (strides 0), or the halves of a concatenated [rows, 2 * width] gate/up tensor.
-    # The strides stay specialised: knowing them multiples of 16 keeps the loads vectorised.
-    pid = tl.program_id(0)
-    row = (pid // col_blocks).to(tl.int64)
-    offs = (pid % col_blocks).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    a, b = _load_pair(GATE + row * in_stride, UP + row * in_stride, offs, width, EVEN)
+                      BLOCK: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr):
+    in_start, out_start, block = _row_start(tl.program_id(0), col_blocks, in_stride, out_stride, ROWS)
+    offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    a, b = _load_pair(GATE + in_start, UP + in_start, offs, width, EVEN)
     if GELU:
         inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
         act = 0.5 * a * (1.0 + _tanh(inner))
     else:
         act = a * tl.sigmoid(a)
-    _store(OUT + row * out_stride, offs, act * b, width, EVEN)
+    _store(OUT + out_start, offs, act * b, width, EVEN)
 
 
 @triton.jit(do_not_specialize=["width", "col_blocks"])
 def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, width, col_blocks, in_stride, out_stride, GELU: tl.constexpr,
-                      BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                      BLOCK: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr):
     # The forward's layout; the gradients of gate and up are laid out as gate and up themselves.
-    pid = tl.program_id(0)
-    row = (pid // col_blocks).to(tl.int64)
-    offs = (pid % col_blocks).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_start, out_start, block = _row_start(tl.program_id(0), col_blocks, in_stride, out_stride, ROWS)
+    offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     if EVEN:
-        g = tl.load(DOUT + row * out_stride + offs).to(tl.float32)
+        g = tl.load(DOUT + out_start + offs).to(tl.float32)
     else:
-        g = tl.load(DOUT + row * out_stride + offs, mask=offs < width, other=0.0).to(tl.float32)
-    a, b = _load_pair(GATE + row * in_stride, UP + row * in_stride, offs, width, EVEN)
+        g = tl.load(DOUT + out_start + offs, mask=offs < width, other=0.0).to(tl.float32)
+    a, b = _load_pair(GATE + in_start, UP + in_start, offs, width, EVEN)
     if GELU:
         inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
         t = _tanh(inner)
@@ -97,8 +105,8 @@ def _gated_bwd_kernel(DOUT, GATE, UP, DGATE, DUP, width, col_blocks, in_stride, 
         sig = tl.sigmoid(a)
         act = a * sig
         d_act = sig * (1.0 + a * (1.0 - sig))
-    _store(DGATE + row * in_stride, offs, g * b * d_act, width, EVEN)
-    _store(DUP + row * in_stride, offs, g * act, width, EVEN)
+    _store(DGATE + in_start, offs, g * b * d_act, width, EVEN)
+    _store(DUP + in_start, offs, g * act, width, EVEN)
 
 
 # 1024 divides every common intermediate size times any token count (3072, 4096, 8192, 11008, 14336, ...).
@@ -121,7 +129,7 @@ def _launch(kernel: object, tensors: tuple[torch.Tensor, ...], rows: int, width:
         block //= 2
     col_blocks = cdiv(width, block)
     kernel[(rows * col_blocks,)](*tensors, width, col_blocks, in_stride, 0 if rows == 1 else width, gelu, block,
-                                 width % block == 0, num_warps=max(1, block // 256))
+                                 width % block == 0, rows > 1, num_warps=max(1, block // 256))
 
 
 def gated_forward(gate: torch.Tensor, up: torch.Tensor, gelu: bool) -> torch.Tensor:
