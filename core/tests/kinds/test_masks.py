@@ -78,6 +78,46 @@ def test_training_step_with_the_fused_loss_reaches_sdpa_as_is_causal(model, pm):
     assert calls == [(True, True)] * model.config.num_hidden_layers
 
 
+def _count_packing_checks(monkeypatch) -> list:
+    """Counts transformers' checks of position ids for packed sequences (each reads a device value: a host sync
+    on a GPU)."""
+    import transformers.masking_utils as masking_utils
+
+    calls = []
+    original = masking_utils.find_packed_sequence_indices
+
+    def counting(position_ids):
+        calls.append(position_ids)
+        return original(position_ids)
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", counting)
+    return calls
+
+
+def test_eager_training_step_never_checks_derived_positions_for_packing(model, pm, monkeypatch):
+    # The fused loss runs the base model without a cache, where transformers would check the positions the model
+    # derived itself for packing once per step (a host sync on a GPU); they never are packed.
+    model.train()
+    ids = torch.randint(3, 101, (2, 7))
+    expected = model(input_ids=ids, labels=ids).loss
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
+    checks = _count_packing_checks(monkeypatch)
+    loss = model(input_ids=ids, labels=ids).loss
+    assert checks == []
+    assert_close(loss, expected, what="loss")
+
+
+def test_eager_packed_position_ids_are_still_checked_and_keep_their_block_mask(model, pm, monkeypatch):
+    ids = torch.randint(3, 101, (2, 7))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3]] * 2)
+    expected = model(input_ids=ids, position_ids=packed, use_cache=False).logits
+    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=pm)
+    checks = _count_packing_checks(monkeypatch)
+    output = model(input_ids=ids, position_ids=packed, use_cache=False).logits
+    assert len(checks) == 1
+    assert_close(output, expected, what="logits")
+
+
 def test_padding_keeps_its_mask(model, pm):
     ids = torch.randint(3, 101, (2, 7))
     padding = torch.ones(2, 7, dtype=torch.long)

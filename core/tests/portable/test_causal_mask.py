@@ -93,3 +93,25 @@ def test_positional_calls_reach_transformers():
 
     assert sdpa_is_causal(spy, _config(), x, None, _Cache(0)) == "mask"
     assert calls
+
+
+@pytest.mark.parametrize(("positions_derived", "change", "positions_reach_transformers"), [
+    pytest.param(True, {"past_key_values": None}, False, id="derived-no-cache-not-checked"),
+    pytest.param(False, {"past_key_values": None}, True, id="passed-by-the-caller-checked"),
+    pytest.param(True, {"past_key_values": None, "attention_mask": torch.ones(1, 4, dtype=torch.long)}, True,
+                 id="with-a-mask-unchanged"),
+    pytest.param(True, {}, True, id="with-a-cache-unchanged"),
+])
+def test_eager_calls_give_transformers_only_positions_it_must_check(positions_derived, change,
+                                                                      positions_reach_transformers):
+    # Without a cache or mask transformers checks position ids for packed sequences, reading a device value;
+    # the model's own 0..S-1 are never packed, so they are left out there and only there.
+    seen = []
+
+    def spy(**kwargs):
+        seen.append(kwargs["position_ids"])
+        return "mask"
+
+    kwargs = {**_elidable_kwargs(torch.randn(1, 4, 8)), **change}
+    assert sdpa_is_causal(spy, positions_derived=positions_derived, **kwargs) == "mask"
+    assert (seen[0] is not None) == positions_reach_transformers

@@ -6,7 +6,8 @@ instead (transformers 5.17 always; 5.23 on torch 2.11; any version without a cac
 score. This kernel returns ``None`` while tracing when that is provably what the eager call returns, judging from
 facts fixed at trace time only (which arguments are None, the attention implementation, the cache's length): no
 tensor value is read, so the graph has no break and no guard on data. Everything else is handed to transformers'
-function unchanged.
+function unchanged, except position ids the model derived itself: those are never packed, and checking them for
+packing would read a device value (a host sync) every training step.
 
 Example:
     >>> from kernels_core._portable._causal_mask import sdpa_is_causal
@@ -61,6 +62,12 @@ def _elidable(kwargs: dict[str, Any], *, positions_derived: bool) -> bool:
     return _empty_cache(cache)
 
 
+def _checks_packing(kwargs: dict[str, Any]) -> bool:
+    # When transformers looks for packed sequences in the position ids: given positions, no mask, no cache.
+    return (kwargs.get("position_ids") is not None and kwargs.get("attention_mask") is None
+            and all(kwargs.get(name) is None for name in _CACHE_NAMES))
+
+
 def sdpa_is_causal(create_causal_mask: Callable[..., Any], /, *args: Any, positions_derived: bool = False,
                    **kwargs: Any) -> Any:
     """``create_causal_mask(*args, **kwargs)``, or ``None`` while tracing where the eager call returns ``None``.
@@ -68,7 +75,15 @@ def sdpa_is_causal(create_causal_mask: Callable[..., Any], /, *args: Any, positi
     Follows the ``causal_mask`` convention: the first argument is transformers' own function, the rest are the
     arguments the model's forward passed to it, and ``positions_derived`` says that the model's caller gave no
     position ids. Positional calls always go to transformers.
+
+    Positions the model derived itself (``0..S-1``) are never packed sequences, so transformers does not get them
+    to check: without a cache (every training forward with the fused loss) that check reads a device value, a
+    host sync that drains the GPU's queue once per step, and its result is known (no packing, the same mask).
     """
-    if not args and torch.compiler.is_compiling() and _elidable(kwargs, positions_derived=positions_derived):
+    if args:
+        return create_causal_mask(*args, **kwargs)
+    if torch.compiler.is_compiling() and _elidable(kwargs, positions_derived=positions_derived):
         return None
-    return create_causal_mask(*args, **kwargs)
+    if positions_derived and _checks_packing(kwargs):
+        kwargs = {**kwargs, "position_ids": None}
+    return create_causal_mask(**kwargs)
