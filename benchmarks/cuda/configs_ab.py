@@ -11,6 +11,9 @@ one, so a side can run another source tree (for example a copy of a package befo
     python benchmarks/cuda/configs_ab.py --sides on:KERNELS_X=1 off:KERNELS_X=0 --out benchmarks/results/x.json
     python benchmarks/cuda/configs_ab.py --shapes qwen3-0.6b --rounds 5 \\
         --sides before:PYTHONPATH=.abtree/triton:.abtree/cuda after --out benchmarks/results/y.json
+
+With ``--name``, the output file holds one named run per A/B (``runs``) and the run of that name is replaced or
+added, so one file per device keeps every current A/B (``benchmarks/results/configs-ab-h100.json``).
 """
 
 from __future__ import annotations
@@ -169,6 +172,18 @@ def summarise(rows: list[dict], sides: list[str]) -> dict:
     return summary
 
 
+def store(out: pathlib.Path, payload: dict, name: str | None, write_json) -> None:  # noqa: ANN001
+    """Write ``payload`` to ``out``, or with a ``name`` as that run among the file's named ``runs``."""
+    if name is None:
+        write_json(out, payload)
+        return
+    existing = json.loads(out.read_text()) if out.exists() else {}
+    runs = [run for run in existing.get("runs", []) if run.get("name") != name] + [{"name": name, **payload}]
+    write_json(out, {"what": "kernelized training step, A/B between sides that differ only in their environment, "
+                             "one named run per change measured (benchmarks/cuda/configs_ab.py)",
+                     "environment": payload["environment"], "runs": runs})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=pathlib.Path)
@@ -181,6 +196,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0, help="seconds: start no process after this (0: none)")
     parser.add_argument("--commit", default="", help="recorded in the output")
     parser.add_argument("--what", default="", help="recorded in the output")
+    parser.add_argument("--name", help="store the A/B as the run of this name in --out, beside its other runs")
     parser.add_argument("--child", nargs=2, metavar=("SHAPE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -235,7 +251,7 @@ def main() -> None:
                  if k not in ("losses", "traceback", "binding", "kernels_triton")}
         print(json.dumps(shown), flush=True)
         payload["summary"] = summarise(rows, [n for n, _ in sides])
-        write_json(args.out, payload)
+        store(args.out, payload, args.name, write_json)
     print(json.dumps(payload["summary"], indent=1), flush=True)
 
 

@@ -5,10 +5,10 @@ With autograd, the RMSNorm and residual add + RMSNorm run as hand-written ``torc
 launching the same compiled Triton kernels with the same launch shapes as the Python ``autograd.Function`` path
 (bit-identical results), through ``cuLaunchKernel`` with the launcher ABI of Triton 3.3-3.9: the Python node costs
 tens of microseconds of host time per backward, more than a mid-size norm's GPU time. Kernelized training step,
-H100, bf16, batch 4 x 2048, against ``KERNELS_TRITON_CPP_AUTOGRAD=0``
-(``benchmarks/results/cpp-autograd-ab-h100.json``): Qwen3-0.6B (28 layers) 65.4k against 59.2k tokens/s (+10%);
-Qwen3-30B-A3B shape +3.9%, Gemma-3-4B +1.4%, Llama-3.1-8B 0.0%: it pays where many narrow norms leave the host
-setting the pace.
+H100, bf16, batch 4 x 2048, against ``KERNELS_TRITON_CPP_AUTOGRAD=0`` (``benchmarks/results/configs-ab-h100.json``,
+runs ``cpp-autograd-qwen3-0.6b`` and ``cpp-autograd``): Qwen3-0.6B (28 layers) 98.3k against 89.9k tokens/s (+9.7%,
+median of 6 rounds); Qwen3-30B-A3B shape +3.9%, Gemma-3-4B +1.4%, Llama-3.1-8B 0.0%: it pays where many narrow
+norms leave the host setting the pace.
 
 The build (a C++ compiler and ``ninja``; about a minute, then cached by torch under ``TORCH_EXTENSIONS_DIR``) runs
 in a background thread started by the first call that could use it. Until it is ready, if it cannot be built (a

@@ -81,8 +81,8 @@ def _gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     # Eagerly on a GPU, one Triton launch per direction over the concatenated projection. The native ops there
     # (activation and product over strided halves, the activation saved, the halves' gradients concatenated)
     # took 9.6 ms of a 108 ms Mixtral-8x7B step on an H100; the kernelized training step gains 5.0% on that shape
-    # and 2.1% on Qwen3-30B-A3B's (benchmarks/results/gate-up-ab-h100.json). Under torch.compile the native
-    # math, which Inductor fuses with its neighbours.
+    # and 2.1% on Qwen3-30B-A3B's (benchmarks/results/configs-ab-h100.json, run gate-up-activation). Under
+    # torch.compile the native math, which Inductor fuses with its neighbours.
     gelu = activation == "gelu_tanh"
     if gate_up.is_cuda and gate_up.is_contiguous() and not tracing():
         from ._gated import gate_up_activation  # imports Triton: GPU tensors only
