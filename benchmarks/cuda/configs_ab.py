@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -172,7 +173,8 @@ def summarise(rows: list[dict], sides: list[str]) -> dict:
     return summary
 
 
-def store(out: pathlib.Path, payload: dict, name: str | None, write_json) -> None:  # noqa: ANN001
+def store(out: pathlib.Path, payload: dict, name: str | None,
+          write_json: Callable[[pathlib.Path, dict], None]) -> None:
     """Write ``payload`` to ``out``, or with a ``name`` as that run among the file's named ``runs``."""
     if name is None:
         write_json(out, payload)
