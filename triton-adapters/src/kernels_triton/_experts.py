@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import _native
 from ._compile import tracing
 from ._custom_op import custom_op
 from ._custom_op import register_backward
@@ -89,8 +90,7 @@ def _gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 
         with on_device_of(gate_up):
             return gate_up_activation(gate_up, gelu=gelu)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
+    return _native.gate_up_mul(gate_up, gelu=gelu)
 
 
 class _Gather(torch.autograd.Function):
@@ -162,9 +162,7 @@ def experts_forward(
     hidden = hidden_states.shape[-1]
     dtype = gate_up_proj.dtype
     if (hidden * dtype.itemsize) % 16 or (down_proj.shape[-1] * dtype.itemsize) % 16:
-        from ._native import moe_experts_dense
-
-        return moe_experts_dense(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
+        return _native.moe_experts_dense(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
                                  activation=activation)
     perm, inverse, rows, ends = routing(top_k_index, gate_up_proj.shape[0])
     x = _Gather.apply(hidden_states.to(dtype), rows, inverse, top_k)

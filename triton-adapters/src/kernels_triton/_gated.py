@@ -150,6 +150,12 @@ def _operands(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor
     return (gate, up) if up is not None else _halves(gate)
 
 
+def _forward(gate: torch.Tensor, up: torch.Tensor | None, gelu: bool) -> torch.Tensor:
+    # gated_forward over either operand form, the output shaped as the operands ([..., width] for a projection).
+    out = gated_forward(*_operands(gate, up), gelu)
+    return out if up is not None else out.view(*gate.shape[:-1], gate.shape[-1] // 2)
+
+
 class _Gated(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, gelu):
@@ -159,8 +165,7 @@ class _Gated(torch.autograd.Function):
         # Only intermediate results of the graph (not a caller's leaf tensors, not views into other tensors) may
         # have their storage reused for the gradients in backward.
         ctx.reuse = all(t.grad_fn is not None and t._base is None for t in inputs)
-        out = gated_forward(*_operands(gate, up), gelu)
-        return out if up is not None else out.view(*gate.shape[:-1], gate.shape[-1] // 2)
+        return _forward(gate, up, gelu)
 
     @staticmethod
     def backward(ctx, dout):
@@ -199,7 +204,7 @@ def gate_up_activation(gate_up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     written in one piece (no concatenation of the halves' gradients)."""
     if torch.is_grad_enabled() and gate_up.requires_grad:
         return _Gated.apply(gate_up, None, gelu)
-    return gated_forward(*_halves(gate_up), gelu).view(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    return _forward(gate_up, None, gelu)
 
 
 # -------------------------------------------------------------------------------------------------- custom ops

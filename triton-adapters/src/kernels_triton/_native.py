@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from ._compile import tracing
 
 
-__all__ = ["gelu_tanh_mul", "layer_norm", "moe_experts_dense", "residual_rms_norm", "rms_norm", "rms_norm_reference",
-           "rotary_embedding", "silu_mul", "writes_input_dtype"]
+__all__ = ["gate_up_mul", "gelu_tanh_mul", "layer_norm", "moe_experts_dense", "residual_rms_norm", "rms_norm",
+           "rms_norm_reference", "rotary_embedding", "silu_mul", "writes_input_dtype"]
 
 
 def writes_input_dtype(hidden_states: torch.Tensor, weight: torch.Tensor, *, casting: str) -> bool:
@@ -125,6 +125,18 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def gate_up_mul(gate_up: torch.Tensor, *, gelu: bool) -> torch.Tensor:
+    """:func:`silu_mul` (or with ``gelu``, :func:`gelu_tanh_mul`) of the halves of a concatenated ``[gate | up]``
+    projection, the MoE experts' layout.
+
+    Example:
+        >>> gate_up_mul(torch.cat([torch.zeros(2, 4), torch.ones(2, 4)], dim=-1), gelu=False).shape
+        torch.Size([2, 4])
+    """
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gelu_tanh_mul(gate, up) if gelu else silu_mul(gate, up)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -188,7 +200,6 @@ def moe_experts_dense(
     out = torch.zeros_like(hidden_states)
     for expert in range(gate_up_proj.shape[0]):
         routing = (top_k_weights * (top_k_index == expert)).sum(dim=-1, keepdim=True)
-        gate, up = F.linear(hidden_states, gate_up_proj[expert]).chunk(2, dim=-1)
-        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-        out = out + (F.linear(act * up, down_proj[expert]) * routing).to(out.dtype)
+        gated = gate_up_mul(F.linear(hidden_states, gate_up_proj[expert]), gelu=activation != "silu")
+        out = out + (F.linear(gated, down_proj[expert]) * routing).to(out.dtype)
     return out

@@ -44,6 +44,10 @@ def _empty_cache(cache: object) -> bool:
     return type(seen) is int and seen == 0
 
 
+def _cache(kwargs: dict[str, Any]) -> object | None:
+    return next((kwargs[name] for name in _CACHE_NAMES if kwargs.get(name) is not None), None)
+
+
 def _elidable(kwargs: dict[str, Any], *, positions_derived: bool) -> bool:
     config = kwargs.get("config")
     if getattr(config, "_attn_implementation", None) != "sdpa" or not getattr(config, "is_causal", True):
@@ -54,7 +58,7 @@ def _elidable(kwargs: dict[str, Any], *, positions_derived: bool) -> bool:
         return False
     if any(key not in _NEUTRAL_WHEN_NONE | _ALWAYS_NEUTRAL | {"allow_is_causal_skip"} for key in kwargs):
         return False
-    cache = next((kwargs[name] for name in _CACHE_NAMES if kwargs.get(name) is not None), None)
+    cache = _cache(kwargs)
     if cache is None:
         # Without a cache transformers checks position_ids for packed sequences (which need a block mask): only
         # positions the model derived itself (its caller passed none) are known to be unpacked.
@@ -65,7 +69,7 @@ def _elidable(kwargs: dict[str, Any], *, positions_derived: bool) -> bool:
 def _checks_packing(kwargs: dict[str, Any]) -> bool:
     # When transformers looks for packed sequences in the position ids: given positions, no mask, no cache.
     return (kwargs.get("position_ids") is not None and kwargs.get("attention_mask") is None
-            and all(kwargs.get(name) is None for name in _CACHE_NAMES))
+            and _cache(kwargs) is None)
 
 
 def sdpa_is_causal(create_causal_mask: Callable[..., Any], /, *args: Any, positions_derived: bool = False,
