@@ -1,0 +1,116 @@
+"""The fused linear cross-entropy custom op against ``F.cross_entropy`` over eager's logits.
+
+On a GPU the kernel runs compiled; without one, in Triton's interpreter on CPU tensors. The adapter routes CPU
+tensors to the core's portable loss, so these tests call the custom op itself: the cross-entropy kernel and its
+chunk loop, forward and backward, in the three dtypes, with and without softcapping, bias, ignored rows and
+``num_items_in_batch``, in one chunk or many. ``test_liger_gpu.py`` checks the adapter itself on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DTYPES
+from conftest import FLOOR
+from conftest import assert_as_good_as_eager
+from conftest import run_with_grads
+
+
+pytest.importorskip("triton", reason="the loss kernel needs Triton")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+N, H, V = 37, 16, 101  # odd sizes: a partial column block and, with 8-row chunks, a partial last chunk
+
+
+def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, V, (N,), generator=g)
+    labels[::5] = -100
+    tensors = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) * 0.3, torch.randn(V, generator=g), labels
+    return tuple(t.to(DEV) for t in tensors)
+
+
+def _eager(labels, *, num_items=None, softcap=None):
+    def loss(x, w, b=None):
+        logits = F.linear(x, w, b).float()
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum" if num_items else "mean")
+        return total / num_items if num_items else total
+    return loss
+
+
+def _ours(labels, *, num_items=None, softcap=None, chunk_rows=2048):
+    from kernels_triton import _loss
+
+    def loss(x, w, b=None):
+        scale = _loss.loss_scale(labels, -100, num_items)
+        out, *_ = _loss._flce(x, w, labels, b, scale, -100, float(softcap or 0.0), x.requires_grad,
+                              w.requires_grad, chunk_rows)
+        return out
+    return loss
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("case", "chunk_rows"), [("mean", 2048), ("mean", 8), ("num_items", 8), ("softcap", 8),
+                                                  ("bias", 8), ("softcap", 1)])
+def test_loss_and_gradients_match_eager(case, chunk_rows, dtype):
+    x, w, b, labels = _inputs()
+    options = {"num_items": 53 if case == "num_items" else None, "softcap": 2.0 if case == "softcap" else None}
+    ours, eager = _ours(labels, chunk_rows=chunk_rows, **options), _eager(labels, **options)
+    params = [w, b] if case == "bias" else [w]
+    one = [torch.tensor(1.0, device=DEV)]
+    (lo,), g_ours = run_with_grads(ours, [x.to(dtype)], [p.to(dtype) for p in params], one)
+    (le,), g_eager = run_with_grads(eager, [x.to(dtype)], [p.to(dtype) for p in params], one)
+    (lt,), g_truth = run_with_grads(eager, [x.double()], [p.double() for p in params], one)
+    assert lo.dtype == torch.float32 and lo.dim() == 0
+    # Both losses are float32 sums of float32 rows; the logits' rounding to dtype is the error that remains.
+    assert abs(lo.item() - lt.item()) <= 2 * abs(le.item() - lt.item()) + FLOOR[dtype] * abs(lt.item())
+    for i, (go, ge, gt) in enumerate(zip(g_ours, g_eager, g_truth, strict=True)):
+        assert_as_good_as_eager(go, ge, gt, dtype, f"{case} grad {i}")
+
+
+def test_divisor_can_be_a_device_tensor():
+    x, w, _, labels = _inputs(2)
+    ours = _ours(labels, num_items=torch.tensor(40, device=DEV), chunk_rows=8)(x, w)
+    torch.testing.assert_close(ours, _eager(labels, num_items=40)(x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_all_ignored_rows_give_zero_loss_and_gradients():
+    x, w, _, labels = _inputs(3)
+    labels = torch.full_like(labels, -100)
+    xo, wo = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    loss = _ours(labels, chunk_rows=8)(xo, wo)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert not xo.grad.any() and not wo.grad.any()
+
+
+def test_without_gradients_only_computes_the_loss():
+    from kernels_triton import _loss
+
+    x, w, _, labels = _inputs(4)
+    scale = _loss.loss_scale(labels, -100, None)
+    loss, g_hidden, g_weight, g_bias = _loss._flce(x, w, labels, None, scale, -100, 0.0, False, False, 8)
+    torch.testing.assert_close(loss, _eager(labels)(x, w), rtol=1e-5, atol=1e-6)
+    assert g_hidden.numel() == g_weight.numel() == g_bias.numel() == 0
+
+
+@pytest.mark.parametrize("upstream", [3.0, -0.5])
+def test_stored_gradients_are_scaled_by_the_upstream_gradient(upstream):
+    x, w, _, labels = _inputs(5)
+    xo, wo = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    (_ours(labels, chunk_rows=8)(xo, wo) * upstream).backward()
+    xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    (_eager(labels)(xe, we) * upstream).backward()
+    torch.testing.assert_close(xo.grad, xe.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(wo.grad, we.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_second_backward_through_the_same_graph_raises_instead_of_scaling_twice():
+    x, w, _, labels = _inputs(1)
+    loss = _ours(labels, chunk_rows=8)(x.requires_grad_(True), w.requires_grad_(True))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
