@@ -92,7 +92,8 @@ def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[s
                 note += (" Why is not yet profiled; the likely causes are FSDP2's per-layer communication and "
                          "host-side work, which eager's longer compute hides, and the fused loss's host "
                          "synchronisation (Liger's forward reads the number of labelled tokens with `.item()` once "
-                         "per step), which keeps the CPU from queueing ahead.")
+                         "per step), which keeps the CPU from queueing ahead; on one GPU a loss without that read "
+                         "measured within noise (`configs-ab-h100.json`, run `own-loss`).")
             parts += [note, ""]
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
