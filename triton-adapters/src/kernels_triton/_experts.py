@@ -3,7 +3,8 @@
 Every (token, slot) pair is sorted by expert once; the sorted rows then go through ``gate_up_proj`` and
 ``down_proj`` with ``torch._grouped_mm`` (one launch per projection for all experts, CUTLASS on Hopper), with the
 gated activation between them in one Triton launch per direction (eagerly on a GPU), and the outputs are put
-back in token order and summed over the slots with their routing weights. The routing metadata
+back in token order and summed over the slots with their routing weights (one more Triton launch per direction,
+``kernels_triton._combine``, eagerly on a GPU). The routing metadata
 (the permutation and each expert's end offset) comes from ``torch.sort`` and ``torch.searchsorted`` on the
 device: no ``.item()``, no ``nonzero``, no shape that depends on the routing, so the same code runs eagerly and
 under ``torch.compile(fullgraph=True)``, forward and backward, with nothing to autotune on first use.
@@ -145,8 +146,8 @@ def experts_forward(
 
     ``hidden_states [T, H]``, ``top_k_index [T, K]``, ``top_k_weights [T, K]``, ``gate_up_proj [E, 2I, H]``,
     ``down_proj [E, H, I]``; ``activation`` is ``"silu"`` or ``"gelu_tanh"``. The output ``[T, H]`` is in the
-    hidden dtype; each slot's weighted row is rounded to the dtype and a token's K rows are summed in one reduction
-    with float32 accumulation (eager adds them one by one in the hidden dtype).
+    hidden dtype; a token's K weighted rows are summed with float32 accumulation (eager adds them one by one in the
+    hidden dtype).
     The grouped products need rows of a multiple of 16 bytes (``H``, ``I`` times the element size); other sizes
     take the dense static-shape path (every expert on every token, correct and traceable, ``E`` times the work).
 
@@ -168,12 +169,25 @@ def experts_forward(
     x = _Gather.apply(hidden_states.to(dtype), rows, inverse, top_k)
     gate_up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends)
     out = grouped_mm(_gated_activation(gate_up, activation), down_proj.transpose(-2, -1), ends)
-    unsorted = _Gather.apply(out, inverse, perm, 1).view(tokens, top_k, hidden)
-    # An elementwise product and a sum over the K slots, not a batched [1, K] @ [K, H] product: that product's
-    # backward ran as a batched GEMM with K-wide operands (5.7 ms of a 108 ms Mixtral-8x7B step on an H100 at
-    # K = 2), where these are memory-bound passes that Inductor fuses with the gather.
-    weighted = (unsorted * top_k_weights.to(out.dtype).unsqueeze(-1)).sum(dim=1)
-    return weighted.to(hidden_states.dtype)
+    return _weighted_sum(out, inverse, perm, top_k_weights).to(hidden_states.dtype)
+
+
+def _weighted_sum(out: torch.Tensor, inverse: torch.Tensor, perm: torch.Tensor,
+                  top_k_weights: torch.Tensor) -> torch.Tensor:
+    # Eagerly on a GPU, one Triton launch per direction (kernels_triton._combine) instead of five passes over the
+    # [tokens * K, hidden] rows: the kernelized training step gains 6.6% on the Qwen3-30B-A3B shape (K = 8) and 1.3%
+    # on Mixtral-8x7B's (K = 2) on an H100 (benchmarks/results/configs-ab-h100.json, run experts-combine). Under
+    # torch.compile, and on CPUs, an elementwise product and a sum over the K slots, which Inductor fuses with the
+    # gather; not a batched [1, K] @ [K, H] product, whose backward ran as a batched GEMM with K-wide operands
+    # (5.7 ms of a 108 ms Mixtral-8x7B step on an H100 at K = 2).
+    if out.is_cuda and out.is_contiguous() and not tracing():
+        from ._combine import combine  # imports Triton: GPU tensors only
+
+        with on_device_of(out):
+            return combine(out, inverse, top_k_weights)
+    tokens, top_k = top_k_weights.shape
+    unsorted = _Gather.apply(out, inverse, perm, 1).view(tokens, top_k, out.shape[-1])
+    return (unsorted * top_k_weights.to(out.dtype).unsqueeze(-1)).sum(dim=1)
 
 
 def moe_experts_silu(

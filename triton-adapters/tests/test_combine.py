@@ -1,0 +1,50 @@
+"""The MoE experts' combine kernel (``kernels_triton._combine``) against the native gather, product and sum.
+
+Forward and backward (the expert rows' and the weights' gradients) in three dtypes, with float64 as the truth
+(conftest's rule), for one, two and eight slots per token and hidden sizes that leave a partial column block or
+need several. On a GPU the kernel runs compiled; without one, in Triton's interpreter on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DTYPES
+from conftest import compare_with_eager
+
+
+pytest.importorskip("triton", reason="the combine kernel needs Triton")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _native(position, tokens, top_k):
+    def combine(rows, weights):
+        unsorted = rows[position].view(tokens, top_k, rows.shape[-1])
+        return (unsorted * weights.to(rows.dtype).unsqueeze(-1)).sum(dim=1)
+    return combine
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(37, 1, 40), (53, 2, 96), (19, 8, 1100), (3, 2, 2048)])
+def test_combine_matches_native(tokens, top_k, hidden, dtype):
+    from kernels_triton._combine import combine
+
+    gen = torch.Generator().manual_seed(tokens)
+    # Where each (token, slot) landed in expert order: any permutation of the rows.
+    position = torch.randperm(tokens * top_k, generator=gen).to(DEV)
+    rows = torch.randn(tokens * top_k, hidden, generator=gen).to(DEV)
+    weights = torch.rand(tokens, top_k, generator=gen).to(DEV)
+    compare_with_eager(lambda r, w: combine(r, position, w), _native(position, tokens, top_k), [rows], [weights],
+                       dtype, f"combine K={top_k} H={hidden}")
+
+
+def test_float32_weights_with_low_precision_rows_keep_their_dtype():
+    from kernels_triton._combine import combine
+
+    rows = torch.randn(6, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    weights = torch.rand(3, 2, device=DEV, requires_grad=True)
+    out = combine(rows, torch.arange(6, device=DEV), weights)
+    out.float().sum().backward()
+    assert out.dtype == rows.grad.dtype == torch.bfloat16
+    assert weights.grad.dtype == torch.float32
+    torch.testing.assert_close(weights.grad, rows.float().sum(-1).view(3, 2), rtol=1e-5, atol=1e-5)
