@@ -9,6 +9,8 @@ in-place scaling guard). ``test_liger_gpu.py`` checks the adapter itself on a GP
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,10 +23,9 @@ from conftest import run_with_grads
 pytest.importorskip("liger_kernel", reason="needs liger-kernel (a dependency of kernels-cuda)")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-N, H, V = 37, 16, 101  # odd sizes: a partial column block and, with 8-row chunks, a partial last chunk
-# Liger sizes chunks from chunk_mem_const: here 1 gives five chunks of 8 rows, 64 one chunk of all 37.
-MANY_CHUNKS, ONE_CHUNK = 1, 64
-
+N, H, V = 37, 16, 101  # odd sizes: a partial column block and a partial last chunk
+# The adapter's target chunk rows: 8 makes Liger take three chunks of 16 rows here, the default one chunk of all 37.
+MANY_CHUNKS, ONE_CHUNK = 8, 2048
 
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -44,14 +45,14 @@ def _eager(labels, *, num_items=None, softcap=None):
     return loss
 
 
-def _ours(labels, *, num_items=None, softcap=None, chunk_mem_const=MANY_CHUNKS):
+def _ours(labels, *, num_items=None, softcap=None, chunk_rows=MANY_CHUNKS):
     from kernels_triton import _loss
 
     def loss(x, w, b=None):
-        # As fused_linear_cross_entropy calls it: a sum divided afterwards when num_items_in_batch is given.
-        out, *_ = _loss._flce(x, w, labels, b, -100, float(softcap or 0.0), "sum" if num_items is not None else
-                              "mean", x.requires_grad, w.requires_grad, chunk_mem_const)
-        return out if num_items is None else out / num_items
+        # The adapter past its CPU routing: the same custom op call and division as on a GPU.
+        with mock.patch.object(_loss, "_CHUNK_ROWS", chunk_rows):
+            return _loss._liger_loss(x, w, labels, bias=b, ignore_index=-100, num_items_in_batch=num_items,
+                                     softcap=softcap)
     return loss
 
 
@@ -59,11 +60,11 @@ def _ours(labels, *, num_items=None, softcap=None, chunk_mem_const=MANY_CHUNKS):
 @pytest.mark.parametrize("case", ["mean", "num_items", "bias", pytest.param("softcap", marks=pytest.mark.skipif(
     DEV == "cpu", reason="Liger's softcapping calls libdevice's tanh, which Triton's interpreter cannot run; GPUs "
                          "run it here and in test_liger_gpu.py"))])
-@pytest.mark.parametrize("chunk_mem_const", [MANY_CHUNKS, ONE_CHUNK], ids=["chunks", "one_chunk"])
-def test_loss_and_gradients_match_eager(case, chunk_mem_const, dtype):
+@pytest.mark.parametrize("chunk_rows", [MANY_CHUNKS, ONE_CHUNK], ids=["chunks", "one_chunk"])
+def test_loss_and_gradients_match_eager(case, chunk_rows, dtype):
     x, w, b, labels = _inputs()
     options = {"num_items": 53 if case == "num_items" else None, "softcap": 2.0 if case == "softcap" else None}
-    ours, eager = _ours(labels, chunk_mem_const=chunk_mem_const, **options), _eager(labels, **options)
+    ours, eager = _ours(labels, chunk_rows=chunk_rows, **options), _eager(labels, **options)
     params = [w, b] if case == "bias" else [w]
     one = [torch.tensor(1.0, device=DEV)]
     (lo,), g_ours = run_with_grads(ours, [x.to(dtype)], [p.to(dtype) for p in params], one)
@@ -96,7 +97,8 @@ def test_without_gradients_only_computes_the_loss():
     from kernels_triton import _loss
 
     x, w, _, labels = _inputs(4)
-    loss, g_hidden, g_weight, g_bias = _loss._flce(x, w, labels, None, -100, 0.0, "mean", False, False, MANY_CHUNKS)
+    loss, g_hidden, g_weight, g_bias = _loss._flce(x, w, labels, None, -100, 0.0, "mean", False, False,
+                                                   1)  # chunk_mem_const: Liger's default
     torch.testing.assert_close(loss, _eager(labels)(x, w), rtol=1e-5, atol=1e-6)
     assert g_hidden.numel() == g_weight.numel() == g_bias.numel() == 0
 

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
+from ._launch import next_power_of_2
 
 
 __all__ = ["combine"]
@@ -58,8 +59,10 @@ def _combine_bwd_kernel(GRAD, ROWS, POSITION, WEIGHTS, GRAD_ROWS, GRAD_WEIGHTS, 
         tl.store(GRAD_WEIGHTS + token * K + k, tl.sum(dot, axis=0).to(GRAD_WEIGHTS.dtype.element_ty))
 
 
-def _block(hidden: int) -> int:
-    return min(_BLOCK, triton.next_power_of_2(hidden))
+def _tiling(hidden: int) -> tuple[int, int]:
+    # (BLOCK, num_warps): the row in blocks of up to 1024 columns, 256 per warp.
+    block = min(_BLOCK, next_power_of_2(hidden))
+    return block, max(1, block // 256)
 
 
 class _Combine(torch.autograd.Function):
@@ -68,9 +71,9 @@ class _Combine(torch.autograd.Function):
         tokens, top_k = weights.shape
         hidden = rows.shape[-1]
         out = rows.new_empty(tokens, hidden)
-        block = _block(hidden)
+        block, warps = _tiling(hidden)
         _combine_fwd_kernel[(tokens, cdiv(hidden, block))](rows, position, weights, out, hidden, top_k, block,
-                                                           num_warps=max(1, block // 256))
+                                                           num_warps=warps)
         ctx.save_for_backward(rows, position, weights)
         return out
 
@@ -79,9 +82,9 @@ class _Combine(torch.autograd.Function):
         rows, position, weights = ctx.saved_tensors
         tokens, top_k = weights.shape
         grad_rows, grad_weights = torch.empty_like(rows), torch.empty_like(weights)
-        block = _block(rows.shape[-1])
+        block, warps = _tiling(rows.shape[-1])
         _combine_bwd_kernel[(tokens,)](grad.contiguous(), rows, position, weights, grad_rows, grad_weights,
-                                       rows.shape[-1], top_k, block, num_warps=max(1, block // 256))
+                                       rows.shape[-1], top_k, block, num_warps=warps)
         return grad_rows, None, grad_weights
 
 

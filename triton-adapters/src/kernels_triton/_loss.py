@@ -143,6 +143,14 @@ def fused_linear_cross_entropy(
 
         return portable(hidden_states, weight, labels, bias=bias, ignore_index=ignore_index,
                         num_items_in_batch=num_items_in_batch, softcap=softcap)
+    return _liger_loss(hidden_states, weight, labels, bias=bias, ignore_index=ignore_index,
+                       num_items_in_batch=num_items_in_batch, softcap=softcap)
+
+
+def _liger_loss(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                bias: torch.Tensor | None, ignore_index: int, num_items_in_batch: int | torch.Tensor | None,
+                softcap: float | None) -> torch.Tensor:
+    # fused_linear_cross_entropy through the custom op on any device (CPU tensors: Triton's interpreter, in tests).
     grad_on = torch.is_grad_enabled()
     grad_hidden = grad_on and hidden_states.requires_grad
     grad_weight = grad_on and (weight.requires_grad or (bias is not None and bias.requires_grad))
