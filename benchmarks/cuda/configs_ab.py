@@ -3,7 +3,8 @@
 Each (round, shape, side) is one fresh process; the sides alternate within a round and swap order every round, so
 drift on the machine reaches both alike. Shapes are published configs written out here (no downloads), cut to a
 few layers, random weights, bf16, sdpa attention, fused AdamW, batch 4 x 2048; each process kernelizes for
-training, runs warm-up steps, then times ``--steps`` steps.
+training (with ``--compile``, for training under ``torch.compile``, and compiles the model), runs warm-up steps,
+then times ``--steps`` steps.
 
 A side is ``NAME`` or ``NAME:VAR=VALUE[,VAR=VALUE...]``; ``PYTHONPATH`` values are put in front of the current
 one, so a side can run another source tree (for example a copy of a package before a change):
@@ -94,14 +95,15 @@ def _wait_for_background_builds() -> str:
     return _cpp_extension.status()
 
 
-def train(shape: str, steps: int, warmup: int) -> dict:
+def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -> dict:
     import kernels_core
     import kernels_triton
     import torch
 
     model, vocab = build(shape)
     model.train()
-    kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
+    mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compile_model else kernels_core.Mode(0))
+    kernels_core.kernelize(model, mode=mode)
     report = kernels_core.get_report(model)
     if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
         raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
@@ -110,7 +112,8 @@ def train(shape: str, steps: int, warmup: int) -> dict:
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=gen)
-    timed, _ = train_steps(model, model.parameters(), batch, steps=steps, warmup=warmup)
+    runner = torch.compile(model) if compile_model else model
+    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup)
     return {
         "train_tokens_per_s": steps * batch.numel() / timed["seconds"],
         "train_step_ms": 1e3 * timed["seconds"] / steps,
@@ -199,12 +202,14 @@ def main() -> None:
     parser.add_argument("--commit", default="", help="recorded in the output")
     parser.add_argument("--what", default="", help="recorded in the output")
     parser.add_argument("--name", help="store the A/B as the run of this name in --out, beside its other runs")
+    parser.add_argument("--compile", action="store_true",
+                        help="kernelize with Mode.TORCH_COMPILE and time torch.compile(model)")
     parser.add_argument("--child", nargs=2, metavar=("SHAPE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         shape, out = args.child
         try:
-            result = train(shape, args.steps, args.warmup)
+            result = train(shape, args.steps, args.warmup, compile_model=args.compile)
         except Exception as exc:  # noqa: BLE001 - a failing shape is a result to report
             result = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
         pathlib.Path(out).write_text(json.dumps(result))
@@ -223,7 +228,8 @@ def main() -> None:
     rows: list[dict] = []
     began = time.perf_counter()
     payload = {"what": args.what, "commit": args.commit, "environment": environment(),
-               "setup": f"kernelize(Mode.TRAINING), bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ}, "
+               "setup": f"kernelize(Mode.TRAINING{' | Mode.TORCH_COMPILE), torch.compile' if args.compile else ')'}"
+                        f", bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ}, "
                         f"{args.warmup} warm-up + {args.steps} timed steps per process",
                "shapes": {name: {k: v for k, v in SHAPES[name].items()} for name in shapes},
                "sides": dict(sides), "rows": rows}
@@ -236,7 +242,7 @@ def main() -> None:
             break
         tmp = args.out.with_name(f".{shape}.{name}.json")
         cmd = [sys.executable, __file__, "--child", shape, str(tmp), "--steps", str(args.steps),
-               "--warmup", str(args.warmup)]
+               "--warmup", str(args.warmup), *(["--compile"] if args.compile else [])]
         row = {"round": round_index, "shape": shape, "side": name}
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,

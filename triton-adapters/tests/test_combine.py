@@ -2,7 +2,9 @@
 
 Forward and backward (the expert rows' and the weights' gradients) in three dtypes, with float64 as the truth
 (conftest's rule), for one, two and eight slots per token and hidden sizes that leave a partial column block or
-need several. On a GPU the kernel runs compiled; without one, in Triton's interpreter on CPU tensors.
+need several: through its ``autograd.Function`` (the eager path) and through the ``kernels_triton::experts_combine``
+custom op with its registered backward (what ``torch.compile`` traces). On a GPU the kernel runs compiled; without
+one, in Triton's interpreter on CPU tensors.
 """
 
 from __future__ import annotations
@@ -24,11 +26,22 @@ def _native(position, tokens, top_k):
     return combine
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(37, 1, 40), (53, 2, 96), (19, 8, 1100), (3, 2, 2048)])
-def test_combine_matches_native(tokens, top_k, hidden, dtype):
+def _custom_op(rows, position, weights):
+    from kernels_triton import _experts
+
+    return _experts._combine_op(rows, position, weights)
+
+
+def _autograd_function(rows, position, weights):
     from kernels_triton._combine import combine
 
+    return combine(rows, position, weights)
+
+
+@pytest.mark.parametrize("combine", [_autograd_function, _custom_op], ids=["function", "custom_op"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(37, 1, 40), (53, 2, 96), (19, 8, 1100), (3, 2, 2048)])
+def test_combine_matches_native(tokens, top_k, hidden, dtype, combine):
     gen = torch.Generator().manual_seed(tokens)
     # Where each (token, slot) landed in expert order: any permutation of the rows.
     position = torch.randperm(tokens * top_k, generator=gen).to(DEV)
@@ -48,3 +61,15 @@ def test_float32_weights_with_low_precision_rows_keep_their_dtype():
     assert out.dtype == rows.grad.dtype == torch.bfloat16
     assert weights.grad.dtype == torch.float32
     torch.testing.assert_close(weights.grad, rows.float().sum(-1).view(3, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_unit_weights_sum_each_rows_copies():
+    """The experts' gather backward (each token's K row gradients summed, in token order) is the forward with unit
+    weights: checked against the index_select and sum it replaces, exactly in float32 for small integers."""
+    from kernels_triton._combine import combine_forward
+
+    tokens, top_k = 11, 8
+    position = torch.randperm(tokens * top_k, generator=torch.Generator().manual_seed(0)).to(DEV)
+    rows = torch.randint(-8, 8, (tokens * top_k, 72), device=DEV).float()
+    expected = rows.index_select(0, position).view(tokens, top_k, 72).sum(dim=1)
+    assert torch.equal(combine_forward(rows, position, rows.new_ones(tokens, top_k)), expected)

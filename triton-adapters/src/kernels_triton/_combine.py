@@ -21,7 +21,7 @@ from ._launch import cdiv
 from ._launch import next_power_of_2
 
 
-__all__ = ["combine"]
+__all__ = ["combine", "combine_backward", "combine_forward"]
 
 _BLOCK = 1024
 
@@ -65,26 +65,37 @@ def _tiling(hidden: int) -> tuple[int, int]:
     return block, max(1, block // 256)
 
 
+def combine_forward(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """:func:`combine`'s forward, outside autograd (contiguous ``rows`` and ``weights``)."""
+    tokens, top_k = weights.shape
+    hidden = rows.shape[-1]
+    out = rows.new_empty(tokens, hidden)
+    block, warps = _tiling(hidden)
+    _combine_fwd_kernel[(tokens, cdiv(hidden, block))](rows, position, weights, out, hidden, top_k, block,
+                                                       num_warps=warps)
+    return out
+
+
+def combine_backward(grad: torch.Tensor, rows: torch.Tensor, position: torch.Tensor,
+                     weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`combine`'s backward, outside autograd: the gradients of ``rows`` and ``weights``."""
+    tokens, top_k = weights.shape
+    grad_rows, grad_weights = torch.empty_like(rows), torch.empty_like(weights)
+    block, warps = _tiling(rows.shape[-1])
+    _combine_bwd_kernel[(tokens,)](grad.contiguous(), rows, position, weights, grad_rows, grad_weights,
+                                   rows.shape[-1], top_k, block, num_warps=warps)
+    return grad_rows, grad_weights
+
+
 class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, position, weights):  # noqa: ANN001, ANN205
-        tokens, top_k = weights.shape
-        hidden = rows.shape[-1]
-        out = rows.new_empty(tokens, hidden)
-        block, warps = _tiling(hidden)
-        _combine_fwd_kernel[(tokens, cdiv(hidden, block))](rows, position, weights, out, hidden, top_k, block,
-                                                           num_warps=warps)
         ctx.save_for_backward(rows, position, weights)
-        return out
+        return combine_forward(rows, position, weights)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001, ANN205
-        rows, position, weights = ctx.saved_tensors
-        tokens, top_k = weights.shape
-        grad_rows, grad_weights = torch.empty_like(rows), torch.empty_like(weights)
-        block, warps = _tiling(rows.shape[-1])
-        _combine_bwd_kernel[(tokens,)](grad.contiguous(), rows, position, weights, grad_rows, grad_weights,
-                                       rows.shape[-1], top_k, block, num_warps=warps)
+        grad_rows, grad_weights = combine_backward(grad, *ctx.saved_tensors)
         return grad_rows, None, grad_weights
 
 

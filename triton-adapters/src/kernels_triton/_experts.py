@@ -3,9 +3,9 @@
 Every (token, slot) pair is sorted by expert once; the sorted rows then go through ``gate_up_proj`` and
 ``down_proj`` with ``torch._grouped_mm`` (one launch per projection for all experts, CUTLASS on Hopper), with the
 gated activation between them in one Triton launch per direction (eagerly on a GPU), and the outputs are put
-back in token order and summed over the slots with their routing weights (one more Triton launch per direction,
-``kernels_triton._combine``, eagerly on a GPU). The routing metadata
-(the permutation and each expert's end offset) comes from ``torch.sort`` and ``torch.searchsorted`` on the
+back in token order and summed over the slots with their routing weights (one more Triton launch per direction
+on a GPU, ``kernels_triton._combine``, traced as a custom op). The routing metadata (the permutation and each
+expert's end offset) comes from ``torch.sort`` and ``torch.searchsorted`` on the
 device: no ``.item()``, no ``nonzero``, no shape that depends on the routing, so the same code runs eagerly and
 under ``torch.compile(fullgraph=True)``, forward and backward, with nothing to autotune on first use.
 
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from . import _native
 from ._compile import tracing
 from ._custom_op import custom_op
+from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import on_device_of
 
@@ -97,8 +98,9 @@ def _gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 class _Gather(torch.autograd.Function):
     """``x[index]`` where each row of ``x`` is taken ``fan_out`` times and ``inverse`` undoes the gather.
 
-    The backward is a gather too (``grad[inverse]``, then the sum of each source row's ``fan_out`` copies), where
-    the generic indexing backward scatters with atomics; both directions fuse with their neighbours under Inductor.
+    The backward is a gather too, where the generic indexing backward scatters with atomics: ``grad[inverse]``,
+    and with ``fan_out > 1`` the sum of each source row's copies, which on a GPU is the combine kernel with unit
+    weights (one pass, no ``[rows * fan_out, hidden]`` intermediate).
     """
 
     @staticmethod
@@ -110,9 +112,12 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001, ANN205
         (inverse,) = ctx.saved_tensors
-        grad_x = grad.index_select(0, inverse)
-        if ctx.fan_out > 1:
-            grad_x = grad_x.view(-1, ctx.fan_out, grad.shape[-1]).sum(dim=1)
+        if ctx.fan_out == 1:
+            grad_x = grad.index_select(0, inverse)
+        elif grad.is_cuda:
+            grad_x = _combine(grad, inverse, grad.new_ones(inverse.numel() // ctx.fan_out, ctx.fan_out))
+        else:
+            grad_x = grad.index_select(0, inverse).view(-1, ctx.fan_out, grad.shape[-1]).sum(dim=1)
         return grad_x, None, None, None
 
 
@@ -169,25 +174,50 @@ def experts_forward(
     x = _Gather.apply(hidden_states.to(dtype), rows, inverse, top_k)
     gate_up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends)
     out = grouped_mm(_gated_activation(gate_up, activation), down_proj.transpose(-2, -1), ends)
-    return _weighted_sum(out, inverse, perm, top_k_weights).to(hidden_states.dtype)
+    return _combine(out, inverse, top_k_weights).to(hidden_states.dtype)
 
 
-def _weighted_sum(out: torch.Tensor, inverse: torch.Tensor, perm: torch.Tensor,
-                  top_k_weights: torch.Tensor) -> torch.Tensor:
-    # Eagerly on a GPU, one Triton launch per direction (kernels_triton._combine) instead of five passes over the
-    # [tokens * K, hidden] rows: the kernelized training step gains 6.6% on the Qwen3-30B-A3B shape (K = 8) and 1.3%
-    # on Mixtral-8x7B's (K = 2) on an H100 (benchmarks/results/configs-ab-h100.json, run experts-combine). Under
-    # torch.compile, and on CPUs, an elementwise product and a sum over the K slots, which Inductor fuses with the
-    # gather; not a batched [1, K] @ [K, H] product, whose backward ran as a batched GEMM with K-wide operands
-    # (5.7 ms of a 108 ms Mixtral-8x7B step on an H100 at K = 2).
-    if out.is_cuda and out.is_contiguous() and not tracing():
-        from ._combine import combine  # imports Triton: GPU tensors only
+@custom_op("experts_combine", fake=lambda rows, _, weights: rows.new_empty(weights.shape[0], rows.shape[-1]))
+def _combine_op(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    from ._combine import combine_forward  # imports Triton: GPU tensors only
 
-        with on_device_of(out):
-            return combine(out, inverse, top_k_weights)
-    tokens, top_k = top_k_weights.shape
-    unsorted = _Gather.apply(out, inverse, perm, 1).view(tokens, top_k, out.shape[-1])
-    return (unsorted * top_k_weights.to(out.dtype).unsqueeze(-1)).sum(dim=1)
+    return combine_forward(rows.contiguous(), position, weights.contiguous())
+
+
+@custom_op("experts_combine_backward", fake=lambda grad, rows, _, weights: (dense_like(rows), dense_like(weights)))
+def _combine_backward_op(grad: torch.Tensor, rows: torch.Tensor, position: torch.Tensor,
+                         weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from ._combine import combine_backward
+
+    return combine_backward(grad, rows.contiguous(), position, weights.contiguous())
+
+
+def _combine_grads(saved: tuple, grad: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+    grad_rows, grad_weights = _combine_backward_op(grad, *saved)
+    return grad_rows, None, grad_weights
+
+
+register_backward(_combine_op, save=lambda inputs, output: (inputs, ()), grad=_combine_grads)
+
+
+def _combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    # sum over k of weights[t, k] * rows[position[t * K + k]], differentiable. On a GPU one Triton launch per
+    # direction (kernels_triton._combine) instead of five passes over the [tokens * K, hidden] rows: the kernelized
+    # training step gains 6.6% on the Qwen3-30B-A3B shape (K = 8) and 1.3% on Mixtral-8x7B's (K = 2) on an H100
+    # (benchmarks/results/configs-ab-h100.json, run experts-combine); traced as a custom op, since Inductor's own
+    # fusion of the gather, product and sum ran 3.4x slower than the kernel there. On CPUs an elementwise product
+    # and a sum over the K slots; not a batched [1, K] @ [K, H] product, whose backward ran as a batched GEMM
+    # with K-wide operands (5.7 ms of a 108 ms Mixtral-8x7B step on an H100 at K = 2).
+    if rows.is_cuda:
+        if tracing():
+            return _combine_op(rows, position, weights)
+        from ._combine import combine
+
+        with on_device_of(rows):
+            return combine(rows.contiguous(), position, weights)
+    tokens, top_k = weights.shape
+    unsorted = rows.index_select(0, position).view(tokens, top_k, rows.shape[-1])
+    return (unsorted * weights.to(rows.dtype).unsqueeze(-1)).sum(dim=1)
 
 
 def moe_experts_silu(
