@@ -73,3 +73,20 @@ def test_unit_weights_sum_each_rows_copies():
     rows = torch.randint(-8, 8, (tokens * top_k, 72), device=DEV).float()
     expected = rows.index_select(0, position).view(tokens, top_k, 72).sum(dim=1)
     assert torch.equal(combine_forward(rows, position, rows.new_ones(tokens, top_k)), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_custom_ops_pass_opcheck(dtype):
+    """The ops ``torch.compile`` traces: schema, fake implementations against the real outputs, the registered
+    autograd and tracing with dynamic shapes (``torch.library.opcheck``)."""
+    from kernels_triton import _experts  # noqa: F401 - registers the ops
+
+    tokens, top_k, hidden = 7, 3, 40
+    position = torch.randperm(tokens * top_k, generator=torch.Generator().manual_seed(1)).to(DEV)
+    rows = torch.randn(tokens * top_k, hidden, device=DEV, dtype=dtype, requires_grad=True)
+    weights = torch.rand(tokens, top_k, device=DEV, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(torch.ops.kernels_triton.experts_combine, (rows, position, weights))
+    # The backward op is not differentiable again (no double backward): checked without requires_grad.
+    grad = torch.randn(tokens, hidden, device=DEV, dtype=dtype)
+    torch.library.opcheck(torch.ops.kernels_triton.experts_combine_backward,
+                          (grad, rows.detach(), position, weights.detach()))
