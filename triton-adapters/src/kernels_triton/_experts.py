@@ -170,7 +170,7 @@ def experts_forward(
     if (hidden * dtype.itemsize) % 16 or (down_proj.shape[-1] * dtype.itemsize) % 16:
         return _native.moe_experts_dense(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
                                  activation=activation)
-    perm, inverse, rows, ends = routing(top_k_index, gate_up_proj.shape[0])
+    _, inverse, rows, ends = routing(top_k_index, gate_up_proj.shape[0])
     x = _Gather.apply(hidden_states.to(dtype), rows, inverse, top_k)
     gate_up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends)
     out = grouped_mm(_gated_activation(gate_up, activation), down_proj.transpose(-2, -1), ends)
