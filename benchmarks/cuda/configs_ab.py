@@ -102,7 +102,9 @@ def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -
 
     model, vocab = build(shape)
     model.train()
-    mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compile_model else kernels_core.Mode(0))
+    mode = kernels_core.Mode.TRAINING
+    if compile_model:
+        mode |= kernels_core.Mode.TORCH_COMPILE
     kernels_core.kernelize(model, mode=mode)
     report = kernels_core.get_report(model)
     if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
@@ -227,9 +229,11 @@ def main() -> None:
 
     rows: list[dict] = []
     began = time.perf_counter()
+    how = "kernelize(Mode.TRAINING)"
+    if args.compile:
+        how = "kernelize(Mode.TRAINING | Mode.TORCH_COMPILE), torch.compile"
     payload = {"what": args.what, "commit": args.commit, "environment": environment(),
-               "setup": f"kernelize(Mode.TRAINING{' | Mode.TORCH_COMPILE), torch.compile' if args.compile else ')'}"
-                        f", bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ}, "
+               "setup": f"{how}, bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ}, "
                         f"{args.warmup} warm-up + {args.steps} timed steps per process",
                "shapes": {name: {k: v for k, v in SHAPES[name].items()} for name in shapes},
                "sides": dict(sides), "rows": rows}

@@ -115,7 +115,7 @@ class _Gather(torch.autograd.Function):
         if ctx.fan_out == 1:
             grad_x = grad.index_select(0, inverse)
         elif grad.is_cuda:
-            grad_x = _combine(grad, inverse, grad.new_ones(inverse.numel() // ctx.fan_out, ctx.fan_out))
+            grad_x = _weighted_sum(grad, inverse, grad.new_ones(inverse.numel() // ctx.fan_out, ctx.fan_out))
         else:
             grad_x = grad.index_select(0, inverse).view(-1, ctx.fan_out, grad.shape[-1]).sum(dim=1)
         return grad_x, None, None, None
@@ -174,7 +174,7 @@ def experts_forward(
     x = _Gather.apply(hidden_states.to(dtype), rows, inverse, top_k)
     gate_up = grouped_mm(x, gate_up_proj.transpose(-2, -1), ends)
     out = grouped_mm(_gated_activation(gate_up, activation), down_proj.transpose(-2, -1), ends)
-    return _combine(out, inverse, top_k_weights).to(hidden_states.dtype)
+    return _weighted_sum(out, inverse, top_k_weights).to(hidden_states.dtype)
 
 
 @custom_op("experts_combine", fake=lambda rows, _, weights: rows.new_empty(weights.shape[0], rows.shape[-1]))
@@ -200,7 +200,7 @@ def _combine_grads(saved: tuple, grad: torch.Tensor) -> tuple[torch.Tensor, None
 register_backward(_combine_op, save=lambda inputs, output: (inputs, ()), grad=_combine_grads)
 
 
-def _combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def _weighted_sum(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     # sum over k of weights[t, k] * rows[position[t * K + k]], differentiable. On a GPU one Triton launch per
     # direction (kernels_triton._combine) instead of five passes over the [tokens * K, hidden] rows: the kernelized
     # training step gains 6.6% on the Qwen3-30B-A3B shape (K = 8) and 1.3% on Mixtral-8x7B's (K = 2) on an H100
