@@ -27,6 +27,7 @@ N, H, V = 37, 16, 101  # odd sizes: a partial column block and a partial last ch
 # The adapter's target chunk rows: 8 makes Liger take three chunks of 16 rows here, the default one chunk of all 37.
 MANY_CHUNKS, ONE_CHUNK = 8, 2048
 
+
 def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, V, (N,), generator=g)

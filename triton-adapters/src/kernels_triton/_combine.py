@@ -100,8 +100,8 @@ class _Combine(torch.autograd.Function):
 
 
 def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``out[t] = sum_k weights[t, k] * rows[position[t * K + k]]`` for contiguous ``rows [S, H]`` (the expert
-    outputs in expert order), ``position [T * K]`` (where each token's slot landed in that order) and ``weights
+    """``out[t] = sum_k weights[t, k] * rows[position[t * K + k]]`` for ``rows [S, H]`` (the expert outputs in
+    expert order), ``position [T * K]`` (where each token's slot landed in that order) and ``weights
     [T, K]``; the output ``[T, H]`` is in the rows' dtype, summed in float32. Differentiable in rows and weights.
 
     Example:
@@ -111,4 +111,4 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -
         >>> combine(rows, position, weights).tolist()
         [[1.0, 2.5], [12.0, 14.0]]
     """
-    return _Combine.apply(rows, position, weights.contiguous())
+    return _Combine.apply(rows.contiguous(), position, weights.contiguous())

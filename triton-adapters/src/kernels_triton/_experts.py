@@ -215,7 +215,7 @@ def _weighted_sum(rows: torch.Tensor, position: torch.Tensor, weights: torch.Ten
         from ._combine import combine
 
         with on_device_of(rows):
-            return combine(rows.contiguous(), position, weights)
+            return combine(rows, position, weights)
     tokens, top_k = weights.shape
     unsorted = rows.index_select(0, position).view(tokens, top_k, rows.shape[-1])
     return (unsorted * weights.to(rows.dtype).unsqueeze(-1)).sum(dim=1)
