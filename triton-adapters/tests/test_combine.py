@@ -27,9 +27,9 @@ def _native(position, tokens, top_k):
 
 
 def _custom_op(rows, position, weights):
-    from kernels_triton import _experts
+    from kernels_triton._combine import combine_op
 
-    return _experts._combine_op(rows, position, weights)
+    return combine_op(rows, position, weights)
 
 
 def _autograd_function(rows, position, weights):
@@ -79,7 +79,7 @@ def test_unit_weights_sum_each_rows_copies():
 def test_custom_ops_pass_opcheck(dtype):
     """The ops ``torch.compile`` traces: schema, fake implementations against the real outputs, the registered
     autograd and tracing with dynamic shapes (``torch.library.opcheck``)."""
-    from kernels_triton import _experts  # noqa: F401 - registers the ops
+    from kernels_triton import _combine  # noqa: F401 - registers the ops
 
     tokens, top_k, hidden = 7, 3, 40
     position = torch.randperm(tokens * top_k, generator=torch.Generator().manual_seed(1)).to(DEV)

@@ -6,6 +6,10 @@ backward two more products, a reduction and a gather, each a pass over ``[tokens
 forward reads each expert row once and writes the token's sum; the backward writes each expert row's gradient once
 (straight to its place in expert order: no scatter, no atomics) and each weight's gradient, a dot product over the
 row, accumulated in float32.
+
+Two paths, one kernel pair: :func:`combine` (an ``autograd.Function``, what eager calls run) and
+:func:`combine_op`, the ``kernels_triton::experts_combine`` custom op with its backward op, which
+``torch.compile`` traces without a graph break and Inductor leaves as it is.
 """
 
 # Triton kernel parameters are pointers and scalars whose types the JIT specialises at launch; they take no hints.
@@ -17,11 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ._custom_op import custom_op
+from ._custom_op import dense_like
+from ._custom_op import register_backward
 from ._launch import cdiv
 from ._launch import next_power_of_2
 
 
-__all__ = ["combine", "combine_backward", "combine_forward"]
+__all__ = ["combine", "combine_backward", "combine_forward", "combine_op"]
 
 _BLOCK = 1024
 
@@ -112,3 +119,23 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -
         [[1.0, 2.5], [12.0, 14.0]]
     """
     return _Combine.apply(rows.contiguous(), position, weights.contiguous())
+
+
+@custom_op("experts_combine", fake=lambda rows, _, weights: rows.new_empty(weights.shape[0], rows.shape[-1]))
+def combine_op(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """:func:`combine` as the custom op ``torch.compile`` traces (differentiable through its backward op)."""
+    return combine_forward(rows.contiguous(), position, weights.contiguous())
+
+
+@custom_op("experts_combine_backward", fake=lambda grad, rows, _, weights: (dense_like(rows), dense_like(weights)))
+def _combine_backward_op(grad: torch.Tensor, rows: torch.Tensor, position: torch.Tensor,
+                         weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return combine_backward(grad, rows.contiguous(), position, weights.contiguous())
+
+
+def _op_grads(saved: tuple, grad: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+    grad_rows, grad_weights = _combine_backward_op(grad, *saved)
+    return grad_rows, None, grad_weights
+
+
+register_backward(combine_op, save=lambda inputs, output: (inputs, ()), grad=_op_grads)

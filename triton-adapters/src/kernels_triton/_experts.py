@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from . import _native
 from ._compile import tracing
 from ._custom_op import custom_op
-from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import on_device_of
 
@@ -177,29 +176,6 @@ def experts_forward(
     return _weighted_sum(out, inverse, top_k_weights).to(hidden_states.dtype)
 
 
-@custom_op("experts_combine", fake=lambda rows, _, weights: rows.new_empty(weights.shape[0], rows.shape[-1]))
-def _combine_op(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    from ._combine import combine_forward  # imports Triton: GPU tensors only
-
-    return combine_forward(rows.contiguous(), position, weights.contiguous())
-
-
-@custom_op("experts_combine_backward", fake=lambda grad, rows, _, weights: (dense_like(rows), dense_like(weights)))
-def _combine_backward_op(grad: torch.Tensor, rows: torch.Tensor, position: torch.Tensor,
-                         weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from ._combine import combine_backward
-
-    return combine_backward(grad, rows.contiguous(), position, weights.contiguous())
-
-
-def _combine_grads(saved: tuple, grad: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
-    grad_rows, grad_weights = _combine_backward_op(grad, *saved)
-    return grad_rows, None, grad_weights
-
-
-register_backward(_combine_op, save=lambda inputs, output: (inputs, ()), grad=_combine_grads)
-
-
 def _weighted_sum(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     # sum over k of weights[t, k] * rows[position[t * K + k]], differentiable. On a GPU one Triton launch per
     # direction (kernels_triton._combine) instead of five passes over the [tokens * K, hidden] rows: the kernelized
@@ -210,12 +186,12 @@ def _weighted_sum(rows: torch.Tensor, position: torch.Tensor, weights: torch.Ten
     # and a sum over the K slots; not a batched [1, K] @ [K, H] product, whose backward ran as a batched GEMM
     # with K-wide operands (5.7 ms of a 108 ms Mixtral-8x7B step on an H100 at K = 2).
     if rows.is_cuda:
-        if tracing():
-            return _combine_op(rows, position, weights)
-        from ._combine import combine
+        from . import _combine  # imports Triton: GPU tensors only (Dynamo traces the import too)
 
+        if tracing():
+            return _combine.combine_op(rows, position, weights)
         with on_device_of(rows):
-            return combine(rows, position, weights)
+            return _combine.combine(rows, position, weights)
     tokens, top_k = weights.shape
     unsorted = rows.index_select(0, position).view(tokens, top_k, rows.shape[-1])
     return (unsorted * weights.to(rows.dtype).unsqueeze(-1)).sum(dim=1)
