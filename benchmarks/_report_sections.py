@@ -169,6 +169,8 @@ def _decode_ab_section(stem: str, data: dict) -> list[str]:
     spread = max((max(v) / min(v) - 1 for v in runs.values() if len(v) > 1), default=0.0)
     if spread:
         parts += [f"One variant's own rounds in one process differ by up to {spread:.0%} in ms per token.", ""]
+    for model, error in data.get("errors", {}).items():
+        parts += [f"{model} stopped early ({error.split(';')[0]}): its finished rounds are shown.", ""]
     parts += [_table(("cell", "kernelize + compile vs compile, per round", "median"),
                      ((cell, ", ".join(f"{r:.2f}x" for r in result["kernelize_compile_vs_compile_per_round"]),
                        f"{result['median']:.2f}x") for cell, result in data["summary"].items())), ""]
