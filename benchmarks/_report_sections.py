@@ -169,6 +169,11 @@ def _decode_ab_section(stem: str, data: dict) -> list[str]:
     spread = max((max(v) / min(v) - 1 for v in runs.values() if len(v) > 1), default=0.0)
     if spread:
         parts += [f"One variant's own rounds in one process differ by up to {spread:.0%} in ms per token.", ""]
+    parts += ["In this mode kernelize binds only the causal-mask kind on these models (`decode-h100.json` records "
+              "each binding), and with a filled cache that kernel calls transformers' own mask function. The "
+              "traced decode step is compile's graph (checked on CPU with `TORCH_LOGS=graph_code`: the same "
+              "operations, its inputs in another order), so these ratios show the spread of host-bound `generate`, "
+              "not a kernel.", ""]
     for model, error in data.get("errors", {}).items():
         parts += [f"{model} stopped early ({error.split(';')[0]}): its finished rounds are shown.", ""]
     parts += [_table(("cell", "kernelize + compile vs compile, per round", "median"),
