@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from _report_data import _MODEL_NAMES
 from _report_data import _commit
 from _report_data import _device
@@ -159,8 +161,11 @@ def _vs(row: dict) -> str:
     return "-"
 
 
-def _decode_ab_section(stem: str, data: dict) -> list[str]:
-    """``decode_bench.py --alternate``: both compiled variants in one process per model, per-round ratios."""
+def _decode_ab_section(stem: str, data: dict, bindings: dict[str, str]) -> list[str]:
+    """``decode_bench.py --alternate``: both compiled variants in one process per model, per-round ratios.
+
+    ``bindings`` maps a model to kernelize's report summary for ``kernelize_compile`` (``decode-h100.json``).
+    """
     parts = [f"## Decoding, `torch.compile` against kernelize + compile in one process (`{stem}.json`)", "",
              f"{data.get('what', '')}: {_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}.", ""]
     runs: dict[tuple, list[float]] = {}
@@ -169,16 +174,30 @@ def _decode_ab_section(stem: str, data: dict) -> list[str]:
     spread = max((max(v) / min(v) - 1 for v in runs.values() if len(v) > 1), default=0.0)
     if spread:
         parts += [f"One variant's own rounds in one process differ by up to {spread:.0%} in ms per token.", ""]
-    parts += ["In this mode kernelize binds only the causal-mask kind on these models (`decode-h100.json` records "
-              "each binding), and with a filled cache that kernel calls transformers' own mask function. The "
-              "traced decode step is compile's graph (checked on CPU with `TORCH_LOGS=graph_code`: the same "
-              "operations, its inputs in another order), so these ratios show the spread of host-bound `generate`, "
-              "not a kernel.", ""]
+    parts += _decode_ab_binding(data, bindings)
     for model, error in data.get("errors", {}).items():
         parts += [f"{model} stopped early ({error.split(';')[0]}): its finished rounds are shown.", ""]
     parts += [_table(("cell", "kernelize + compile vs compile, per round", "median"),
                      ((cell, ", ".join(f"{r:.2f}x" for r in result["kernelize_compile_vs_compile_per_round"]),
                        f"{result['median']:.2f}x") for cell, result in data["summary"].items())), ""]
+    return parts
+
+
+def _decode_ab_binding(data: dict, bindings: dict[str, str]) -> list[str]:
+    # What kernelize bound for the A/B's models, read from decode-h100.json's kernelize_compile rows; the sentence
+    # on the graph holds only while the causal-mask kernel is all that is bound.
+    models = dict.fromkeys(row["model"] for row in data["rows"])
+    known = {model: bindings[model] for model in models if model in bindings}
+    if not known:
+        return []
+    cells = "; ".join(f"{model}: {summary.partition(': ')[2]}" for model, summary in known.items())
+    parts = [f"What kernelize bound in this mode (`decode-h100.json`): {cells}.", ""]
+    kernels = {kernel for summary in known.values() for kernel in re.findall(r"([\w.]+) x\d+", summary)}
+    if len(known) == len(models) and kernels and all(k.startswith("any.causal_mask.") for k in kernels):
+        parts += ["With a filled cache the causal-mask kernel calls transformers' own mask function, so the traced "
+                  "decode step is compile's graph (checked on CPU with `TORCH_LOGS=graph_code`: the same operations, "
+                  "its inputs in another order): these ratios show the spread of host-bound `generate`, not a "
+                  "kernel.", ""]
     return parts
 
 

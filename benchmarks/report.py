@@ -390,9 +390,11 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
             parts += _models_section(stem, results[stem], chart_dir)
     if "decode-h100" in results:
         parts += _decode_section(results["decode-h100"], chart_dir)
+    bindings = {row["model"]: row["binding"] for row in results.get("decode-h100", {}).get("rows", ())
+                if row.get("variant") == "kernelize_compile" and row.get("binding")}
     for stem, data in results.items():
         if stem.startswith("decode-compile-ab-") and "summary" in data:
-            parts += _decode_ab_section(stem, data)
+            parts += _decode_ab_section(stem, data, bindings)
     for stem, data in results.items():
         rows = _qwen3_rows(data)
         if stem.startswith("qwen3-") and rows:
