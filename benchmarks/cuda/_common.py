@@ -141,14 +141,17 @@ def profile_step(step) -> list[dict]:
     return [{"kernel": "<all kernels>", "calls": sum(r["calls"] for r in rows), "gpu_ms": round(total, 3)}] + rows[:40]
 
 
-def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float) -> tuple[object | None, str | None]:
-    """Run one benchmark variant in its own process, which writes its JSON result to ``out``.
+def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float,
+              env: dict[str, str] | None = None) -> tuple[object | None, str | None]:
+    """Run one benchmark variant in its own process, which writes its JSON result to ``out``; ``env`` adds
+    environment variables to the child's.
 
     Returns the result (``None`` if the process wrote none) and what went wrong (``None`` if nothing): the exit
     status with the end of its stderr, or the time limit with the end of its output.
     """
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
         error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-1500:]}"
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-800:]

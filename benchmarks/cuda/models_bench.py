@@ -12,10 +12,17 @@ autotuning and torch.compile all land there).
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
 ``hf_grouped_mm`` (``experts_implementation`` set explicitly, MoE shapes only), ``liger`` (Liger's model patch, as
 the Trainer's ``use_liger_kernel`` applies it), ``kernelize``, ``compile``, ``kernelize_compile``,
-``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name: ``kernelize@warm`` after
-``kernelize`` times the first step with Triton's on-disk kernel cache filled, as every run after the first on a
-machine finds it; a modifier ``+chunk<N>`` sets the fused loss's token chunks to about N rows. ``--profile`` adds
-the GPU time per kernel of one more step to each row.
+``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name; ``@cold`` also gives
+its process an empty Triton kernel cache, as the first run on a machine finds it (the other rows find the cache
+the settling process and earlier rows filled, as every later run does); a modifier ``+chunk<N>`` sets the fused
+loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
+(``kernelize_s``). ``--profile`` adds the GPU time per kernel of one more step to each row.
+
+Before the timed processes one untimed process trains a step of the first model kernelized and waits for
+kernels-triton's C++ extension: it pays what only a machine's first CUDA process pays (reading the CUDA
+libraries from disk: its first step took 1.5-3 s longer in otherwise equal processes) and fills the caches.
+``--rounds N`` runs the variant list N times, alternating; a row then holds the median of each measure and
+every round's value (``<measure>_rounds``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import statistics
 import sys
+import tempfile
 import time
 import traceback
 
@@ -111,7 +120,9 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
                "hf_grouped_mm_compile": "grouped_mm"}.get(base)
     model = build(model_name, experts=experts)
     model.train()
+    start = time.perf_counter()
     runner, how = prepare(model, base, modifiers)
+    kernelize_s = time.perf_counter() - start
     from _common import train_steps
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -123,6 +134,7 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
         "step_ms": round(1e3 * timed["seconds"] / steps, 2),
         "peak_GiB": round(timed["peak_bytes"] / 2**30, 2),
         "first_step_s": round(timed["first_step_s"], 2),
+        **({"kernelize_s": round(kernelize_s, 2)} if base.startswith("kernelize") else {}),
         "losses": [round(v, 4) for v in timed["losses"]],
         "binding": how,
     }
@@ -147,7 +159,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="2x4096", help="batch x sequence length")
     parser.add_argument("--timeout", type=int, default=240)
     parser.add_argument("--profile", action="store_true", help="add the GPU time per kernel of one more step")
+    parser.add_argument("--rounds", type=int, default=1, help="run the variant list this many times, alternating")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--settle", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     tokens = tuple(int(v) for v in args.tokens.split("x"))
     if args.child:
@@ -156,6 +170,10 @@ def main() -> None:
         try:
             row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens,
                              profile=args.profile))
+            if args.settle:
+                from kernels_triton import _cpp_extension
+
+                _cpp_extension.extension(wait=True)
         except Exception as exc:  # noqa: BLE001 - a failing variant is a result to report
             row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
             row["traceback"] = traceback.format_exc()[-3000:]
@@ -166,30 +184,64 @@ def main() -> None:
     from _common import run_child
     from _common import write_json
 
-    rows = []
-    for model_name in args.models.split(","):
-        for variant in args.variants.split(","):
-            tmp = args.out.with_name(f".{model_name}-{variant}.json")
-            cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--tokens", args.tokens,
-                   *(["--profile"] if args.profile else [])]
-            start = time.perf_counter()
-            result, error = run_child(cmd, tmp, timeout=args.timeout)
-            row = result or {"model": model_name, "variant": variant}
-            if error:
-                row["process_error"] = error
-            row["process_s"] = round(time.perf_counter() - start, 1)
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "losses", "profile_one_step")}),
-                  flush=True)
+    models = args.models.split(",")
+
+    def child(model_name: str, variant: str, *extra: str, steps: int = args.steps,
+              env: dict[str, str] | None = None) -> dict:
+        tmp = args.out.with_name(f".{model_name}-{variant}.json")
+        cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
+               "--steps", str(steps), "--warmup", str(args.warmup), "--tokens", args.tokens, *extra]
+        start = time.perf_counter()
+        result, error = run_child(cmd, tmp, timeout=args.timeout, env=env)
+        row = result or {"model": model_name, "variant": variant}
+        if error:
+            row["process_error"] = error
+        row["process_s"] = round(time.perf_counter() - start, 1)
+        return row
+
+    settled = child(models[0], "kernelize", "--settle", steps=1)
+    print(f"settling process: {settled.get('error') or settled.get('process_error') or 'done'}", flush=True)
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(args.rounds):
+        for model_name in models:
+            for variant in args.variants.split(","):
+                with tempfile.TemporaryDirectory(prefix="triton-cold-") as empty:
+                    env = {"TRITON_CACHE_DIR": empty} if variant.endswith("@cold") else None
+                    row = child(model_name, variant, *(["--profile"] if args.profile else []), env=env)
+                runs.setdefault((model_name, variant), []).append(row)
+                print(json.dumps({k: v for k, v in row.items()
+                                  if k not in ("traceback", "losses", "profile_one_step")}), flush=True)
+    rows = [_median_row(rounds) for rounds in runs.values()]
     _ratios(rows)
     write_json(args.out, {
         "environment": environment(),
         "config": f"bf16, sdpa, AdamW(fused), {args.tokens} tokens, {args.steps} timed steps after "
-                  f"{args.warmup} warm-up steps and the first step",
+                  f"{args.warmup} warm-up steps and the first step"
+                  + (f"; median of {args.rounds} alternating rounds" if args.rounds > 1 else ""),
         "rows": rows,
     })
     _chart(rows, args.out.with_suffix(".png"))
+
+
+_MEASURES = ("tokens_per_s", "step_ms", "peak_GiB", "first_step_s", "kernelize_s")
+
+
+def _median_row(rounds: list[dict]) -> dict:
+    """One row for a variant's rounds: the round of median throughput, with every measure's median and, over
+    several rounds, each round's value."""
+    done = [r for r in rounds if r.get("tokens_per_s")]
+    if not done:
+        return rounds[-1]
+    row = dict(sorted(done, key=lambda r: r["tokens_per_s"])[len(done) // 2])
+    if len(rounds) > 1:
+        for key in _MEASURES:
+            values = [r[key] for r in done if r.get(key) is not None]
+            if values:
+                row[key] = round(statistics.median(values), 2) if key != "tokens_per_s" else round(
+                    statistics.median(values))
+                row[f"{key}_rounds"] = values
+        row["rounds"] = len(rounds)
+    return row
 
 
 def _ratios(rows: list[dict]) -> None:
