@@ -18,9 +18,9 @@ the settling process and earlier rows filled, as every later run does); a modifi
 loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
 (``kernelize_s``). ``--profile`` adds the GPU time per kernel of one more step to each row.
 
-Before the timed processes one untimed process trains a step of the first model kernelized and waits for
-kernels-triton's C++ extension: it pays what only a machine's first CUDA process pays (reading the CUDA
-libraries from disk: its first step took 1.5-3 s longer in otherwise equal processes) and fills the caches.
+Before the timed processes one untimed process per model trains a step kernelized and waits for kernels-triton's
+C++ extension: the first pays what only a machine's first CUDA process pays (reading the CUDA
+libraries from disk: its first step took 1.3-3 s longer than in the next, equal processes) and fills the caches.
 ``--rounds N`` runs the variant list N times, alternating; a row then holds the median of each measure and
 every round's value (``<measure>_rounds``).
 """
@@ -199,8 +199,10 @@ def main() -> None:
         row["process_s"] = round(time.perf_counter() - start, 1)
         return row
 
-    settled = child(models[0], "kernelize", "--settle", steps=1)
-    print(f"settling process: {settled.get('error') or settled.get('process_error') or 'done'}", flush=True)
+    for model_name in models:
+        settled = child(model_name, "kernelize", "--settle", steps=1)
+        print(f"settling process, {model_name}: {settled.get('error') or settled.get('process_error') or 'done'}",
+              flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.rounds):
         for model_name in models:
