@@ -14,9 +14,11 @@ Variants: ``eager`` (transformers' default experts implementation, named in each
 the Trainer's ``use_liger_kernel`` applies it), ``kernelize``, ``compile``, ``kernelize_compile``,
 ``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name; ``@cold`` also gives
 its process an empty Triton kernel cache, as the first run on a machine finds it (the other rows find the cache
-the settling process and earlier rows filled, as every later run does); a modifier ``+chunk<N>`` sets the fused
-loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
-(``kernelize_s``). ``--profile`` adds the GPU time per kernel of one more step to each row.
+the settling process and earlier rows filled, as every later run does), and ``@name:VAR=VALUE`` sets one
+environment variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``); a modifier ``+chunk<N>`` sets
+the fused loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
+(``kernelize_s``) and together with it (``to_first_step_s``: from the model's preparation to the end of its
+first step). ``--profile`` adds the GPU time per kernel of one more step to each row.
 
 Before the timed processes one untimed process per model trains a step kernelized and waits for kernels-triton's
 C++ extension: the first pays what only a machine's first CUDA process pays (reading the CUDA
@@ -135,6 +137,8 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
         "peak_GiB": round(timed["peak_bytes"] / 2**30, 2),
         "first_step_s": round(timed["first_step_s"], 2),
         **({"kernelize_s": round(kernelize_s, 2)} if base.startswith("kernelize") else {}),
+        # What a user waits for from the model's preparation to the end of the first step.
+        "to_first_step_s": round(kernelize_s + timed["first_step_s"], 2),
         "losses": [round(v, 4) for v in timed["losses"]],
         "binding": how,
     }
@@ -207,10 +211,13 @@ def main() -> None:
     for _ in range(args.rounds):
         for model_name in models:
             for variant in args.variants.split(","):
+                row_name, _, assignment = variant.partition(":")
                 with tempfile.TemporaryDirectory(prefix="triton-cold-") as empty:
-                    env = {"TRITON_CACHE_DIR": empty} if variant.endswith("@cold") else None
-                    row = child(model_name, variant, *(["--profile"] if args.profile else []), env=env)
-                runs.setdefault((model_name, variant), []).append(row)
+                    env = dict([assignment.split("=", 1)]) if assignment else {}
+                    if row_name.endswith("@cold"):
+                        env["TRITON_CACHE_DIR"] = empty
+                    row = child(model_name, row_name, *(["--profile"] if args.profile else []), env=env)
+                runs.setdefault((model_name, row_name), []).append(row)
                 print(json.dumps({k: v for k, v in row.items()
                                   if k not in ("traceback", "losses", "profile_one_step")}), flush=True)
     rows = [_median_row(rounds) for rounds in runs.values()]
@@ -225,7 +232,7 @@ def main() -> None:
     _chart(rows, args.out.with_suffix(".png"))
 
 
-_MEASURES = ("tokens_per_s", "step_ms", "peak_GiB", "first_step_s", "kernelize_s")
+_MEASURES = ("tokens_per_s", "step_ms", "peak_GiB", "first_step_s", "kernelize_s", "to_first_step_s")
 
 
 def _median_row(rounds: list[dict]) -> dict:
@@ -258,6 +265,8 @@ def _ratios(rows: list[dict]) -> None:
         eager = index.get((row["model"], "eager"), {})
         if eager.get("first_step_s"):
             row["first_step_vs_eager"] = round(row["first_step_s"] / eager["first_step_s"], 2)
+            if row.get("to_first_step_s"):
+                row["to_first_step_vs_eager"] = round(row["to_first_step_s"] / eager["to_first_step_s"], 2)
         print(f"{row['model']:18s} {row['variant']:22s} {row['tokens_per_s']:8d} tok/s  "
               f"x{row.get('speed_vs_eager', 0):.2f} eager  x{row.get('speed_vs_compile', 0):.2f} compile  "
               f"peak {row['peak_GiB']:.1f} GiB  first step {row['first_step_s']:.1f} s", flush=True)

@@ -17,7 +17,7 @@ import pytest
 # Modules whose public API documents itself with examples; each must keep at least one that runs.
 WITH_EXAMPLES = {"kernels_triton", "kernels_triton._specs", "kernels_triton._native", "kernels_triton._device",
                  "kernels_triton._gated", "kernels_triton._combine", "kernels_triton._rms_norm",
-                 "kernels_triton._residual_rms_norm", "kernels_triton._rotary"}
+                 "kernels_triton._residual_rms_norm", "kernels_triton._rotary", "kernels_triton._warmup"}
 MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(kernels_triton.__path__, prefix="kernels_triton."))
 
 

@@ -10,6 +10,8 @@ import functools
 
 import torch
 
+from . import _warmup
+
 
 __all__ = ["FLOATS", "cdiv", "launch_hooks_registered", "next_power_of_2", "sm_count"]
 
@@ -22,6 +24,10 @@ except ImportError:
     _knobs = None
 # Triton's runtime settings, which hold the launch hooks (Triton 3.4+), or None.
 _RUNTIME = getattr(_knobs, "runtime", None)
+
+# This module is imported by every op module with Triton kernels, so by kernelize when it binds one of them:
+# Triton's one-off runtime set-up starts now, in the background, instead of in the first launch.
+_warmup.start()
 
 
 def launch_hooks_registered() -> bool:

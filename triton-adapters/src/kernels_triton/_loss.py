@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _warmup
 from ._compile import tracing
 from ._custom_op import custom_op
 
@@ -23,6 +24,10 @@ from ._custom_op import custom_op
 __all__ = ["fused_linear_cross_entropy"]
 
 _EMPTY = (0,)
+
+# Imported by kernelize when it binds the loss: Liger's operators (0.6 s to import on an H100 host) load in the
+# background instead of in the first step's loss.
+_warmup.start("liger_kernel.ops.fused_linear_cross_entropy")
 
 # Liger sizes its token chunks so that one chunk's logits hold about chunk_mem_const x tokens x hidden elements;
 # its default (1) gives 64-row chunks for a 152k vocabulary and 8192 tokens. Every chunk reads and writes the whole
