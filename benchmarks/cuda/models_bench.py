@@ -12,11 +12,11 @@ autotuning and torch.compile all land there).
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
 ``hf_grouped_mm`` (``experts_implementation`` set explicitly, MoE shapes only), ``liger`` (Liger's model patch, as
 the Trainer's ``use_liger_kernel`` applies it), ``kernelize``, ``compile``, ``kernelize_compile``,
-``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name; ``@cold`` also gives
-its process an empty Triton kernel cache, as the first run on a machine finds it (the other rows find the cache
-the settling process and earlier rows filled, as every later run does), and ``@name:VAR=VALUE`` sets one
-environment variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``); a modifier ``+chunk<N>`` sets
-the fused loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
+``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name; a name starting with
+``cold`` also gives its process an empty Triton kernel cache, as the first run on a machine finds it (the other
+rows find the cache the settling process and earlier rows filled, as every later run does), and
+``@name:VAR=VALUE`` sets one environment variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``);
+a modifier ``+chunk<N>`` sets the fused loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
 (``kernelize_s``) and together with it (``to_first_step_s``: from the model's preparation to the end of its
 first step). ``--profile`` adds the GPU time per kernel of one more step to each row.
 
@@ -214,7 +214,7 @@ def main() -> None:
                 row_name, _, assignment = variant.partition(":")
                 with tempfile.TemporaryDirectory(prefix="triton-cold-") as empty:
                     env = dict([assignment.split("=", 1)]) if assignment else {}
-                    if row_name.endswith("@cold"):
+                    if row_name.partition("@")[2].startswith("cold"):
                         env["TRITON_CACHE_DIR"] = empty
                     row = child(model_name, row_name, *(["--profile"] if args.profile else []), env=env)
                 runs.setdefault((model_name, row_name), []).append(row)
