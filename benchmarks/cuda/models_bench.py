@@ -16,9 +16,9 @@ the Trainer's ``use_liger_kernel`` applies it), ``kernelize``, ``compile``, ``ke
 ``cold`` also gives its process an empty Triton kernel cache, as the first run on a machine finds it (the other
 rows find the cache the settling process and earlier rows filled, as every later run does), and
 ``@name:VAR=VALUE`` sets one environment variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``);
-a modifier ``+chunk<N>`` sets the fused loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
-(``kernelize_s``) and together with it (``to_first_step_s``: from the model's preparation to the end of its
-first step). ``--profile`` adds the GPU time per kernel of one more step to each row.
+a modifier ``+chunk<N>`` sets the fused loss's token chunks to about N rows. Kernelize's own seconds are recorded
+apart from the first step's (``kernelize_s``) and together with it (``to_first_step_s``: from the model's
+preparation to the end of its first step). ``--profile`` adds the GPU time per kernel of one more step to each row.
 
 Before the timed processes one untimed process per model trains a step kernelized and waits for kernels-triton's
 C++ extension: the first pays what only a machine's first CUDA process pays (reading the CUDA
