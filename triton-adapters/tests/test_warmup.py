@@ -95,14 +95,14 @@ def test_binding_the_kernels_warms_tritons_runtime_on_a_gpu():
         import sys, time
         import kernels_triton._rms_norm, kernels_triton._loss   # what kernelize imports when it binds them
         from kernels_triton import _warmup
-        from triton.runtime import driver as driver_module
         from triton.runtime import cache
+        from triton.runtime.driver import driver
         deadline = time.monotonic() + 60
         while not _warmup._pending.empty() or "liger_kernel.ops.fused_linear_cross_entropy" not in sys.modules:
             assert time.monotonic() < deadline, "the warm-up queue did not drain in 60 s"
             time.sleep(0.05)
         time.sleep(0.5)  # the last import may still be executing
-        assert driver_module.driver._active is not None, "Triton's driver was not created"
+        assert driver._active is not None, "Triton's driver was not created"
         assert cache.triton_key.cache_info().currsize == 1, "Triton's cache key was not computed"
         print("warm")
     """)
