@@ -124,12 +124,15 @@ def _models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
     parts = [f"## {_models_title(data)} (`{stem}.json`)", "",
              f"{_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}. "
              f"`benchmarks/cuda/models_bench.py`. {data.get('note', '')}".rstrip(), "",
-             _table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s"),
+             _table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s",
+                     "prepare + first step s"),
                     ((row["model"], f"`{row['variant']}`", f"{row['tokens_per_s']:,}" if row.get("tokens_per_s")
                       else "failed: " + (row.get("error") or row.get("process_error") or "?")[:60],
                       row.get("speed_vs_eager", "-"), row.get("speed_vs_compile", "-"),
                       f"{row['peak_GiB']:.1f}" if row.get("peak_GiB") else "-",
-                      f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-") for row in data["rows"])), ""]
+                      f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-",
+                      f"{row['to_first_step_s']:.1f}" if row.get("to_first_step_s") is not None else "-")
+                     for row in data["rows"])), ""]
     # Only where there are expert GEMMs to set apart (MoE shapes).
     profiled = [row for row in data["rows"] if row.get("profile_one_step")
                 and any("GroupProblem" in k["kernel"] for k in row["profile_one_step"])]
