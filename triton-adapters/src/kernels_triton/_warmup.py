@@ -4,10 +4,13 @@ GPU, so that the model's first step does not wait for it.
 A kernelized model's first step pays, once per process, for work that eager PyTorch never does: creating Triton's
 CUDA driver (an ``ldconfig`` call and loading, or on a new machine compiling, its C helpers), hashing Triton's own
 files into its cache key, importing the kernel modules that adapters import only on their first GPU call and
-Liger's operators (``liger_kernel.ops`` imports every Liger op). On an H100 with Triton's on-disk cache filled
-these came to most of the 0.8-0.9 s by which the first kernelized step of the MoE shapes exceeded eager's
-(``benchmarks/cuda/models_bench.py``). The hash and the subprocesses release the GIL, so they overlap the caller's
-own work: building the optimizer and the data, and the first step itself until its first Triton launch.
+Liger's operators (``liger_kernel.ops`` imports every Liger op). The hash and the subprocesses release the GIL,
+so they overlap the caller's own work: building the optimizer and the data, and the first step itself until its
+first Triton launch. The imports compete for the GIL, so kernelize itself takes longer; what a user waits for,
+kernelize plus the first step, is shorter. H100, Triton's cache filled, 3 alternating rounds against
+``KERNELS_TRITON_WARMUP=0`` (``benchmarks/results/first-step-ab-h100.json``): Mixtral-8x7B shape 1.85 s against
+2.29 s, Qwen3-30B-A3B 1.94 s against 2.29 s; the first step alone 0.47 s and 0.55 s against 1.55 s and 1.51 s
+(eager's: 0.70 s and 0.72 s).
 
 Nothing here changes what runs: each step is one the first launch would otherwise do itself, and a step that
 fails is only logged (at debug level), since the launch that needs it raises the same error where it is used.
