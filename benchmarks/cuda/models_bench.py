@@ -187,6 +187,7 @@ def main() -> None:
     from _common import environment
     from _common import run_child
     from _common import write_json
+    from configs_ab import parse_side
 
     models = args.models.split(",")
 
@@ -211,9 +212,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for model_name in models:
             for variant in args.variants.split(","):
-                row_name, _, assignment = variant.partition(":")
+                row_name, env = parse_side(variant)
                 with tempfile.TemporaryDirectory(prefix="triton-cold-") as empty:
-                    env = dict([assignment.split("=", 1)]) if assignment else {}
                     if row_name.partition("@")[2].startswith("cold"):
                         env["TRITON_CACHE_DIR"] = empty
                     row = child(model_name, row_name, *(["--profile"] if args.profile else []), env=env)
