@@ -141,6 +141,43 @@ def profile_step(step) -> list[dict]:
     return [{"kernel": "<all kernels>", "calls": sum(r["calls"] for r in rows), "gpu_ms": round(total, 3)}] + rows[:40]
 
 
+def host_profile_step(step, device: torch.device, *, top: int = 30) -> dict:
+    """Where one call of ``step`` spends host time: how long the host is busy issuing it (``host_ms``, the call
+    returning before the GPU finishes) against the whole step (``wall_ms``, after synchronising), and the Python
+    functions with the most own time (``tottime``) and the most time including callees (``cumtime``) under
+    cProfile. cProfile slows Python code down, so read the shares, not the absolute times; a step whose host
+    time is close to its wall time keeps the GPU waiting."""
+    import cProfile
+    import pstats
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    sync()
+    start = time.perf_counter()
+    step()
+    host = time.perf_counter() - start
+    sync()
+    wall = time.perf_counter() - start
+    profiler = cProfile.Profile()
+    sync()
+    profiler.enable()
+    step()
+    profiler.disable()
+    sync()
+    stats = pstats.Stats(profiler)
+
+    def rows(key: int) -> list[dict]:
+        entries = sorted(stats.stats.items(), key=lambda item: -item[1][key])[:top]
+        return [{"function": f"{pathlib.Path(file).name}:{line}:{name}", "calls": calls,
+                 "tottime_ms": round(1e3 * tottime, 2), "cumtime_ms": round(1e3 * cumtime, 2)}
+                for (file, line, name), (_, calls, tottime, cumtime, _) in entries]
+
+    return {"host_ms": round(1e3 * host, 2), "wall_ms": round(1e3 * wall, 2),
+            "profiled_total_ms": round(1e3 * stats.total_tt, 2), "by_tottime": rows(2), "by_cumtime": rows(3)}
+
+
 def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float,
               env: dict[str, str] | None = None) -> tuple[object | None, str | None]:
     """Run one benchmark variant in its own process, which writes its JSON result to ``out``; ``env`` adds

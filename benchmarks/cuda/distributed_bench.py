@@ -16,7 +16,8 @@ each decoder layer, then on the root; parameters already bf16, so no mixed-preci
 then ``kernelize``), ``compile`` and ``kernelize_compile`` (``torch.compile`` on each decoder layer before
 ``fully_shard``, the usual FSDP2 recipe; the latter kernelized with ``TRAINING | TORCH_COMPILE`` first), and
 ``ddp_eager``, ``ddp_kernelize_before``, ``ddp_kernelize_after`` under DDP. Batch 4 x 2048 tokens per rank by
-default, AdamW(fused, lr 1e-5) as in ``qwen3_bench.py``. Measured per variant: global tokens/s over the timed steps
+default, AdamW(fused, lr 1e-5) as in ``qwen3_bench.py`` (``--optimizer foreach``: torch's multi-tensor AdamW).
+Measured per variant: global tokens/s over the timed steps
 (after warm-up, between synchronise + barrier), the first step's seconds, peak allocated GiB per rank over the
 timed steps, the loss of every step (mean over ranks), and from ``get_report``: the kernel each layer kind got and
 what was declined, and why. Rank 0 writes the JSON (rewritten after every variant, so a later hang still leaves
@@ -199,7 +200,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
             # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
             raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
 
-    opt = torch.optim.AdamW(runner.parameters(), lr=1e-5, fused=device.type == "cuda")
+    fused = args.optimizer == "fused" and device.type == "cuda"
+    opt = torch.optim.AdamW(runner.parameters(), lr=1e-5, fused=fused, foreach=None if fused else True)
     losses: list[torch.Tensor] = []
 
     def step(batch: torch.Tensor) -> torch.Tensor:
@@ -250,6 +252,13 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         _sync(device)
         if dist.get_rank() == 0:
             result["profile_one_step"] = {"wall_ms": round(1e3 * (time.perf_counter() - start), 2), "kernels": kernels}
+    if args.host_profile:
+        from _common import host_profile_step
+
+        _sync(device)
+        profiled = host_profile_step(lambda: step(batches[0]), device)
+        if dist.get_rank() == 0:
+            result["host_profile_one_step"] = profiled
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
 
 
@@ -393,6 +402,12 @@ def main() -> None:
                         help="decoder layers keep their gathered parameters from forward to backward "
                              "(reshard_after_forward=False: no all-gather in backward, more memory)")
     parser.add_argument("--profile", action="store_true", help="add rank 0's GPU time per kernel of one more step")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="add rank 0's host (CPU) time of one more step: the Python functions taking the most "
+                             "time under cProfile, and how long the step keeps the host busy before the GPU finishes")
+    parser.add_argument("--optimizer", choices=("fused", "foreach"), default="fused",
+                        help="AdamW implementation on CUDA (fused: one kernel per parameter group; foreach: "
+                             "torch's multi-tensor path, which dispatches per DTensor under FSDP2)")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole variant list this many times, interleaved, and report each variant's "
@@ -428,7 +443,8 @@ def main() -> None:
         "config": (f"{args.model} shape{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
                    "FSDP2 fully_shard per decoder layer then root, no mixed-precision policy / DDP; "
                    "compile variants: torch.compile per decoder layer before fully_shard; "
-                   f"AdamW(fused on CUDA, lr 1e-5); batch {batch} x {seq} per rank; seeds: model 0, data 1000 + rank"),
+                   f"AdamW({args.optimizer} on CUDA, lr 1e-5); batch {batch} x {seq} per rank; "
+                   "seeds: model 0, data 1000 + rank"),
         "steps_timed": args.steps,
         "steps_warmup": args.warmup,
         "losses_are": "mean over ranks, every step (warm-up first)",
