@@ -24,9 +24,11 @@ __all__ = ["chart", "child_args", "scale", "scaling", "scaling_targets"]
 def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
     """This job's options for one torchrun at one GPU count."""
     argv = ["--out", str(out), "--model", args.model, "--variants", args.variants, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats)]
+            "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats),
+            "--optimizer", args.optimizer, "--layers-per-unit", str(args.layers_per_unit)]
     argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
-                                   ("--no-reshard", args.no_reshard), ("--profile", args.profile)) if on]
+                                   ("--no-reshard", args.no_reshard), ("--profile", args.profile),
+                                   ("--host-profile", args.host_profile)) if on]
     argv += [item for key in ("batch", "seq") if getattr(args, key) for item in (f"--{key}", str(getattr(args, key)))]
     return argv
 

@@ -117,9 +117,10 @@ def summarise_report(report: Any) -> dict[str, Any]:
     }
 
 
-def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True
-         ) -> torch.nn.Module:
-    return _workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward)
+def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True,
+         layers_per_unit: int = 1) -> torch.nn.Module:
+    return _workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward,
+                           layers_per_unit=layers_per_unit)
 
 
 def _sync(device: torch.device) -> None:
@@ -187,7 +188,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         layers = model.model.layers
         for index, layer in enumerate(layers):
             layers[index] = torch.compile(layer)
-    runner = wrap(model, how, device, reshard_after_forward=not args.no_reshard)
+    runner = wrap(model, how, device, reshard_after_forward=not args.no_reshard,
+                  layers_per_unit=args.layers_per_unit)
     if order == "after":
         kernels_core.kernelize(runner, mode=kernels_core.Mode.TRAINING)
     if order is not None:
@@ -402,6 +404,8 @@ def main() -> None:
                         help="decoder layers keep their gathered parameters from forward to backward "
                              "(reshard_after_forward=False: no all-gather in backward, more memory)")
     parser.add_argument("--profile", action="store_true", help="add rank 0's GPU time per kernel of one more step")
+    parser.add_argument("--layers-per-unit", type=int, default=1,
+                        help="decoder layers per FSDP2 unit (default 1: fully_shard on each layer)")
     parser.add_argument("--host-profile", action="store_true",
                         help="add rank 0's host (CPU) time of one more step: the Python functions taking the most "
                              "time under cProfile, and how long the step keeps the host busy before the GPU finishes")
@@ -441,7 +445,8 @@ def main() -> None:
         "environment": environment_record(device),
         "model": args.model,
         "config": (f"{args.model} shape{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
-                   "FSDP2 fully_shard per decoder layer then root, no mixed-precision policy / DDP; "
+                   f"FSDP2 fully_shard per {args.layers_per_unit} decoder layer(s) then root, no mixed-precision "
+                   "policy / DDP; "
                    "compile variants: torch.compile per decoder layer before fully_shard; "
                    f"AdamW({args.optimizer} on CUDA, lr 1e-5); batch {batch} x {seq} per rank; "
                    "seeds: model 0, data 1000 + rank"),

@@ -57,14 +57,18 @@ def init_distributed(device_type: str) -> torch.device:
 
 
 def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True,
-         mesh: Any = None) -> torch.nn.Module:
+         mesh: Any = None, layers_per_unit: int = 1) -> torch.nn.Module:
     """FSDP2 (``fully_shard`` on every decoder layer, then the root: the usual recipe; over ``mesh``, by default
-    every rank) or DDP around ``model``."""
+    every rank) or DDP around ``model``. ``layers_per_unit`` > 1 shards that many consecutive decoder layers as one
+    FSDP unit (one all-gather and one reduce-scatter for the group: fewer collectives and hooks per step, more
+    parameters gathered at once)."""
     if how == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        layers = list(model.model.layers)
+        for start in range(0, len(layers), layers_per_unit):
+            group = layers[start:start + layers_per_unit]
+            fully_shard(group if len(group) > 1 else group[0], mesh=mesh, reshard_after_forward=reshard_after_forward)
         fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel
