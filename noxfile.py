@@ -49,7 +49,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     # devices. A venv of its own, so the rocm and cuda venvs still catch an import of the other vendor.
     "rocm+cuda": (["./core[test]", "./triton-adapters", "./plugins-rocm", "./plugins-cuda"],
                   ["plugins-rocm/tests/test_with_cuda_plugin.py"]),
-    "npu": (["./core[test]", "./plugins-npu"], ["plugins-npu/tests"]),
+    "npu": (["./core[test]", "./plugins-npu[test]"], ["plugins-npu/tests"]),
     # The trainer integrations (transformers Trainer, TRL, accelerate) with the core's portable kernels.
     "integrations": (["./core[test,trl]"],
                      ["core/tests/integrations", "--ignore=core/tests/integrations/llamafactory"]),

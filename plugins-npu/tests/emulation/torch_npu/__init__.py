@@ -1,11 +1,15 @@
 """Reference emulation of the torch_npu operators kernels-npu calls. TEST TREE ONLY, never shipped.
 
 There is no Ascend hardware in CI: kernels-npu's NPU behaviour is verified against this emulation only, not on
-Ascend hardware. Each operator follows the schema of ``Ascend/op-plugin``'s ``op_plugin_functions.yaml`` (argument
-names, order and defaults; the exact return structure) and the documented semantics, computes the documented
-math in float32 with one rounding to the output dtype, and raises where the documentation says the real operator
-rejects its input (dtype rules, shapes, layouts, limits). Features outside what kernels-npu uses raise
-``NotImplementedError("... not emulated")`` rather than guessing.
+Ascend hardware. Each operator's Python signature is the part of its schema that the oldest and the newest
+torch_npu release kernels-npu supports share (2.6.0.post3 and 2.14.0: argument names, order, defaults,
+keyword-only markers, types and the exact return structure, as declared in their wheels'
+``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``; ``tests/test_vendor_schemas.py`` checks it against
+the wheels). Arguments only newer releases have are left out, so a call that needs them fails here as it would on
+the oldest release. Each operator computes the documented math in float32 with one rounding to the output dtype,
+and raises where the documentation says the real operator rejects its input (dtype rules, shapes, layouts,
+limits). Features outside what kernels-npu uses raise ``NotImplementedError("... not emulated")`` rather than
+guessing.
 
 Emulated: ``npu_rms_norm``, ``npu_swiglu``, ``npu_rotary_mul``, ``npu_fusion_attention``, ``npu_grouped_matmul``,
 ``npu_moe_token_permute``, ``npu_moe_token_unpermute``, and the ``torch.npu`` device module (see :mod:`.npu`).
@@ -96,26 +100,19 @@ def npu_swiglu(self: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor
+# npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half') -> Tensor
+#   (2.7.1.post4 and later add `Tensor? rotate=None`, which 2.6.0.post3 lacks: not emulated, so not callable here)
 
 _ROTARY_MAX_D = 896
 _ROTARY_MAX_BN = 1000
 _ROTARY_MAX_BN_GRAD = 1024
 
 
-def npu_rotary_mul(
-    self: torch.Tensor,
-    r1: torch.Tensor,
-    r2: torch.Tensor,
-    rotary_mode: str = "half",
-    rotate: torch.Tensor | None = None,
-) -> torch.Tensor:
+def npu_rotary_mul(self: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half") -> torch.Tensor:
     """``x * r1 + rotate(x) * r2``; ``half``: rotate = cat(-x2, x1), ``interleave``: GPT-J pairs (A2/A3 rules)."""
-    _record("npu_rotary_mul", self=self, r1=r1, r2=r2, rotary_mode=rotary_mode, rotate=rotate)
+    _record("npu_rotary_mul", self=self, r1=r1, r2=r2, rotary_mode=rotary_mode)
     if rotary_mode not in ("half", "interleave"):
         raise RuntimeError(f"npu_rotary_mul: rotary_mode must be 'half' or 'interleave', got {rotary_mode!r}")
-    if rotate is not None:
-        raise NotImplementedError("npu_rotary_mul: the rotate matrix argument is not emulated")
     for what, tensor in (("self", self), ("r1", r1), ("r2", r2)):
         _check_float("npu_rotary_mul", what, tensor)
         if tensor.dim() != 4:
@@ -153,8 +150,9 @@ def npu_rotary_mul(
 #   Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., float keep_prob=1.,
 #   int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, int[]? prefix=None,
 #   int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True,
-#   bool sync=False, str softmax_layout="", Tensor? sink=None, Tensor? dropout_mask=None, int seed=0,
-#   int offset=0) -> (Tensor, Tensor, Tensor, Tensor, int, int, int)
+#   bool sync=False, str softmax_layout="") -> (Tensor, Tensor, Tensor, Tensor, int, int, int)
+#   (releases after 2.6.0.post3 add `Tensor? sink=None, Tensor? dropout_mask=None, int seed=0, int offset=0`:
+#   not emulated, as the oldest supported release lacks them)
 
 _FA_MAX_D = 768
 _FA_OPTIMIZED_MASK = 2048
@@ -206,10 +204,6 @@ def npu_fusion_attention(
     gen_mask_parallel: bool = True,
     sync: bool = False,
     softmax_layout: str = "",
-    sink: torch.Tensor | None = None,
-    dropout_mask: torch.Tensor | None = None,
-    seed: int = 0,
-    offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
     """Training flash attention: ``(attn_out, softmax_max, softmax_sum, softmax_in, seed, offset, numels)``.
 
@@ -226,11 +220,12 @@ def npu_fusion_attention(
         raise RuntimeError(f"npu_fusion_attention: input_layout {input_layout!r} not in {_FA_LAYOUTS}")
     if input_layout == "TND":
         raise NotImplementedError("npu_fusion_attention: TND (varlen) layout is not emulated")
-    for arg, value_ in (("pse", pse), ("padding_mask", padding_mask), ("prefix", prefix), ("sink", sink),
-                        ("actual_seq_qlen", actual_seq_qlen), ("actual_seq_kvlen", actual_seq_kvlen),
-                        ("dropout_mask", dropout_mask)):
+    for arg, value_ in (("pse", pse), ("padding_mask", padding_mask), ("prefix", prefix),
+                        ("actual_seq_qlen", actual_seq_qlen), ("actual_seq_kvlen", actual_seq_kvlen)):
         if value_ is not None:
             raise NotImplementedError(f"npu_fusion_attention: {arg} is not emulated")
+    if softmax_layout:
+        raise NotImplementedError(f"npu_fusion_attention: softmax_layout {softmax_layout!r} is not emulated")
     for what, tensor in (("query", query), ("key", key), ("value", value)):
         _check_float("npu_fusion_attention", what, tensor)
     if not (query.dtype == key.dtype == value.dtype):
@@ -304,7 +299,8 @@ def npu_fusion_attention(
     softmax_max = safe_max.expand(b, n, sq, 8).contiguous().detach()
     softmax_sum = row_sum.expand(b, n, sq, 8).contiguous().detach()
     softmax_in = torch.empty(0, dtype=query.dtype, device=query.device)
-    return _from_bnsd(out, input_layout), softmax_max, softmax_sum, softmax_in, seed, offset, numels
+    # seed and offset are the dropout generator's state on the device; there is none here.
+    return _from_bnsd(out, input_layout), softmax_max, softmax_sum, softmax_in, 0, 0, numels
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -313,7 +309,12 @@ def npu_fusion_attention(
 #   Tensor[]? per_token_scale=None, Tensor? group_list=None, Tensor[]? activation_input=None,
 #   Tensor[]? activation_quant_scale=None, Tensor[]? activation_quant_offset=None, int? split_item=0,
 #   int? group_type=None, int? group_list_type=0, int? act_type=0, int[]? tuning_config=None,
-#   int? output_dtype=None) -> Tensor[]
+#   ScalarType? output_dtype=None) -> Tensor[]
+#   (the unnamed overload; 2.7.1.post4 and later take `int? output_dtype` and add x_dtype, weight_dtype,
+#   scale_dtype and per_token_scale_dtype, not emulated. The `.List` overload, group_list as int[], is not either.)
+# group_type 2 (k-axis grouping): the eager operator of 2.5.1.post1 and 2.6.0 rejects it (their library carries
+# "group_type currently only support -1 and 0"); 2.6.0.post3, the oldest release kernels-npu supports, and later
+# releases have the k-split path.
 
 _GMM_MAX_LIST = 128
 

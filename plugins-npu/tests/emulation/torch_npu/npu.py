@@ -36,8 +36,8 @@ def current_device() -> int:
     return 0
 
 
-def get_device_name(device: object = None) -> str:
-    index = 0 if device is None else getattr(device, "index", device)
+def get_device_name(device_name: object = None) -> str:
+    index = 0 if device_name is None else getattr(device_name, "index", device_name)
     index = 0 if index is None else int(index)
     if not 0 <= index < len(_devices):
         raise RuntimeError(f"emulated torch.npu: invalid device index {index} ({len(_devices)} device(s))")
