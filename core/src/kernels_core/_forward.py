@@ -4,6 +4,11 @@ Both forwards are small picklable objects holding *references* (``module:attr`` 
 so ``copy.deepcopy``, ``torch.save``/``torch.load`` and pickling keep a kernelized model kernelized; the callable
 they dispatch to is rebuilt lazily after a copy or a load. An exception raised through one keeps its type and gains
 a note naming the kernel, its plugin, the module and the configuration line that turns the kernel off.
+
+Every call first checks that the kernels still serve the module as it is now: its parameters' dtype against the
+dtypes the kernels declare, and their device type against the one kernelize bound them for. A model converted or
+moved after kernelize (``model.double()``, ``.half()``, ``.cpu()``) runs the module's own forward where a kernel
+does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_report` says so.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from dataclasses import field
 from typing import Any
 from typing import ClassVar
 
+from ._plugin_info import PluginInfo
+from ._plugin_info import warn_fallback
 from ._types import Match
 
 
 __all__ = [
     "MISSING",
     "BindingRecord",
+    "Declared",
     "GlobalOverride",
     "KernelForward",
     "ReroutedForward",
@@ -258,13 +266,138 @@ def _built(forward: _LazyForward) -> Callable[..., Any]:
     return _build_once(forward)
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What one bound kernel serves, which every call of its forward checks against the module's parameters.
+
+    ``device_type`` is the device type the parameters had when kernelize bound the kernel (``"cuda"``), or None
+    where any device serves (a portable kernel, or kernelize was told the device the model will run on).
+    ``preferred``: configuration asked for this kernel, so a call it cannot serve raises instead of falling back.
+    """
+
+    kernel_id: str
+    plugin: str
+    origin: str
+    dtypes: tuple[str, ...]
+    backend: str
+    device_type: str | None = None
+    preferred: bool = False
+
+
+def _fallback_message(forward: _LazyForward, declared: Declared, cause: str) -> str:
+    plugin = f" of plugin {declared.plugin!r} ({declared.origin})" if declared.plugin else ""
+    return (f"kernel {declared.kernel_id!r}{plugin} does not run on {forward._where()} (nor on other modules like "
+            f"it): {cause}, so the module's own forward runs instead; kernels_core.get_report(model) lists every "
+            "such module. Kernelize again after converting or moving the model to choose kernels for it as it is")
+
+
 class _LazyForward:
-    """Shared behaviour: lazy build, pickling without the built callable, the original signature."""
+    """Shared behaviour: lazy build, pickling without the built callable, the original signature, and the
+    per-call check that the module's parameters are still in a dtype and on a device type the kernels serve."""
 
     module: Any
     _fn: Callable[..., Any] | None
     # Where the forward is bound, for error notes; class defaults keep forwards pickled without them loadable.
     module_name: str = ""
+    # Set by ``guard``: what the kernels serve; the parameter each call reads (the parameter dict of its module and
+    # its name, read afresh because accelerate's offloading and FSDP put new parameter objects there; the dict
+    # itself saves the module attribute lookup); the torch dtypes every kernel of the forward declares; the
+    # ``Tensor.is_<device type>`` flag that must hold (None: the device is not checked). The class defaults leave
+    # forwards pickled before the check existed unchecked.
+    declared: tuple[Declared, ...] = ()
+    _probe_params: dict[str, Any] | None = None
+    _probe_name: str = ""
+    _dtypes: tuple[Any, ...] = ()
+    _device_flag: str | None = None
+    _preferred: bool = False
+
+    def guard(self, owner: Any, name: str, declared: tuple[Declared, ...]) -> None:
+        """Check ``owner``'s parameter ``name`` against ``declared`` at every call (see the module docstring).
+
+        Example:
+            >>> import torch
+            >>> norm = torch.nn.LayerNorm(4)
+            >>> forward = KernelForward(norm, kernel_id="k", kind="layer_norm", impl="x:y", adapter="x:y",
+            ...                         match=Match("layer_norm", "bias"), options={})
+            >>> forward.guard(norm, "weight", (Declared("k", "p", "", ("float32",), "any"),))
+            >>> forward.runtime_problems()
+            []
+            >>> _ = norm.double()
+            >>> [cause for _, cause in forward.runtime_problems()]
+            ["the module's parameters are float64 now, and k declares float32"]
+        """
+        import torch
+
+        self.declared = tuple(declared)
+        self._probe_params, self._probe_name = owner._parameters, name
+        common = set.intersection(*(set(d.dtypes) for d in declared)) if declared else set()
+        # The parameter's dtype now first: the membership test usually ends at the first, identical, item.
+        now = owner._parameters[name].dtype
+        self._dtypes = tuple(sorted((getattr(torch, dtype) for dtype in common), key=lambda d: d != now))
+        device_type = next((d.device_type for d in declared if d.device_type is not None), None)
+        flag = f"is_{device_type}"
+        # A device type without a cheap ``is_`` flag (an out-of-tree backend) is not checked per call.
+        self._device_flag = flag if device_type is not None and hasattr(torch.Tensor, flag) else None
+        self._preferred = any(d.preferred for d in declared)
+
+    def runtime_problems(self) -> list[tuple[Declared, str]]:
+        """Each kernel of this forward that does not serve the module's parameters as they are now, with why.
+
+        The same check every call makes, spelled out; empty when every kernel runs (or nothing is checked).
+        """
+        params = self._probe_params
+        probe = params.get(self._probe_name) if params is not None else None
+        if probe is None:
+            return []
+        dtype = str(probe.dtype).removeprefix("torch.")
+        device_type = probe.device.type
+        problems = []
+        for declared in self.declared:
+            if dtype not in declared.dtypes:
+                problems.append((declared, f"the module's parameters are {dtype} now, and {declared.kernel_id} "
+                                           f"declares {', '.join(declared.dtypes)}"))
+            elif (self._device_flag is not None and declared.device_type is not None
+                  and device_type != declared.device_type):
+                problems.append((declared, f"the module's parameters are on {device_type} now, and "
+                                           f"{declared.kernel_id} (backend {declared.backend}) was bound for "
+                                           f"{declared.device_type} tensors"))
+        return problems
+
+    def _off_declared(self) -> bool:
+        """Whether a kernel does not serve the parameters as they are now (what each call checks inline)."""
+        params = self._probe_params
+        if params is None:
+            return False
+        probe = params.get(self._probe_name)
+        return probe is not None and (probe.dtype not in self._dtypes or (
+            self._device_flag is not None and not getattr(probe, self._device_flag)))
+
+    def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the module's own forward, warning once per kernel and cause (or raise for a preferred kernel)."""
+        import torch
+
+        if not torch.compiler.is_compiling():
+            self._note_fallback()
+        elif self._preferred:
+            # Raising leaves the graph anyway; the message cannot be built inside it.
+            torch.compiler.disable(self._note_fallback)()
+        # Warnings cannot be issued from a traced graph: under torch.compile the report alone says so.
+        module = self.module
+        return type(module).forward(module, *args, **kwargs)
+
+    def _note_fallback(self) -> None:
+        problems = self.runtime_problems()
+        for declared, cause in problems:
+            if declared.preferred:
+                from ._resolve import KernelizeError
+
+                raise KernelizeError(
+                    f"kernel {declared.kernel_id!r}, preferred by configuration, cannot run on {self._where()}: "
+                    f"{cause}. Kernelize again after converting or moving the model (the preference then raises "
+                    f"there, or picks what serves it), or call kernels_core.unkernelize(model)")
+        for declared, cause in problems:
+            warn_fallback(PluginInfo(name=declared.plugin, module=""), declared.kernel_id, cause,
+                          _fallback_message(self, declared, cause))
 
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
@@ -281,7 +414,14 @@ class _LazyForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Once per kernelized module per step: one frame less than going through _callable(); the try costs
-        # nothing unless something raises.
+        # nothing unless something raises. The check is _off_declared inlined: a dict lookup and two attribute
+        # reads (under torch.compile, guards on the parameter rather than graph code).
+        params = self._probe_params
+        if params is not None:
+            probe = params.get(self._probe_name)
+            if probe is not None and (probe.dtype not in self._dtypes or (
+                    self._device_flag is not None and not getattr(probe, self._device_flag))):
+                return self._fall_back(args, kwargs)
         fn = self._fn
         try:
             return (fn if fn is not None else _built(self))(*args, **kwargs)
@@ -382,6 +522,10 @@ class ReroutedForward(_LazyForward):
         self._fn = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The class forward runs without any of the kernels when one does not serve the parameters as they are now
+        # (see _LazyForward.__call__).
+        if self._probe_params is not None and self._off_declared():
+            return self._fall_back(args, kwargs)
         try:
             fn = self._callable()  # builds self._scoped too
             if not self._scoped:

@@ -18,6 +18,7 @@ from ._config import load_config
 from ._config_check import check_config
 from ._forward import MISSING
 from ._forward import BindingRecord
+from ._forward import Declared
 from ._forward import GlobalOverride
 from ._forward import KernelForward
 from ._forward import ReroutedForward
@@ -458,6 +459,7 @@ def kernelize(
         for plan in plans:
             _bind_plan(plan, pm)
             undo.append(("bound", plan.module, None))
+        _guard_forwards(plans, entries, device_checked=explicit is None)
         report = KernelizeReport(mode=mode_name, entries=tuple(entries), config_sources=cfg.sources)
         model.__dict__[REPORT_ATTR] = report
     except BaseException:
@@ -469,12 +471,18 @@ def kernelize(
                 _assign(module.__dict__, {**current, BINDING_ATTR: record})
         _assign(model.__dict__, {REPORT_ATTR: previous_report})
         raise
+    # A sub-module kernelized on its own (the model inside a PEFT or accelerate wrapper) had its bindings replaced
+    # by this call: its report described those.
+    _drop_reports(model, keep_root=True)
     logger.info(report.summary())
     return model
 
 
 def unkernelize(model: ModelT) -> ModelT:
     """Undo every binding kernelize made on ``model`` and its sub-modules, restoring them exactly.
+
+    ``model`` may be a wrapper holding the kernelized model as a sub-module (PEFT, DDP): the report of every module
+    under it is dropped with the bindings.
 
     Raises :class:`KernelizeError`, changing nothing, if other code replaced an attribute kernelize bound since
     (accelerate's mixed-precision wrapper, an accelerate hook, TRL's fused LM head): restoring it would drop that
@@ -489,11 +497,135 @@ def unkernelize(model: ModelT) -> ModelT:
     """
     _check_untouched(model, "unkernelize")
     restored = sum(_restore(module) is not None for module in model.modules())
-    model.__dict__.pop(REPORT_ATTR, None)
+    # Through a wrapper (PEFT, accelerate, DDP hold the kernelized model as a sub-module) too: every report under
+    # it described bindings that are gone now.
+    _drop_reports(model, keep_root=False)
     logger.info("unkernelize: restored %d module(s)", restored)
     return model
 
 
 def get_report(model: nn.Module) -> KernelizeReport | None:
-    """The report of the last kernelize call on ``model`` (None if it was never kernelized or was restored)."""
-    return model.__dict__.get(REPORT_ATTR)
+    """The report of the last kernelize call on ``model``, true to the model as it is now; None if it was never
+    kernelized or was restored.
+
+    A kernel that no longer runs where kernelize bound it shows as not applied, its id in ``fell_back`` and the
+    reason in ``reason``: the model was converted to a dtype the kernel does not declare (``model.double()``) or
+    moved to another device type, so the module's own forward runs; or its binding was removed since. Modules
+    covered by such a kernel run their own forward again and say so.
+
+    Example:
+        >>> import torch, kernels_core
+        >>> model = torch.nn.Sequential(torch.nn.LayerNorm(8))
+        >>> model = kernels_core.kernelize(model, mode=kernels_core.Mode.INFERENCE)
+        >>> kernels_core.get_report(model).mode
+        'INFERENCE'
+        >>> kernels_core.get_report(kernels_core.unkernelize(model)) is None
+        True
+    """
+    report = model.__dict__.get(REPORT_ATTR)
+    if report is None or report.disabled:
+        return report
+    return _as_now(model, report)
+
+
+def _drop_reports(model: nn.Module, *, keep_root: bool) -> None:
+    for module in model.modules():
+        if not (keep_root and module is model):
+            module.__dict__.pop(REPORT_ATTR, None)
+
+
+def _probe(module: nn.Module) -> tuple[nn.Module, str, torch.Tensor] | None:
+    """The parameter whose dtype kernelize resolved ``module`` by (see ``_module_target``): its module, name, value."""
+    anchor = module.lm_head if isinstance(module._modules.get("lm_head"), nn.Module) else module
+    for name, tensor in anchor.named_parameters():
+        if tensor.is_floating_point():
+            owner, _, leaf = name.rpartition(".")
+            return anchor.get_submodule(owner), leaf, tensor
+    return None
+
+
+def _bound_forward(module: nn.Module) -> KernelForward | ReroutedForward | None:
+    record = module.__dict__.get(BINDING_ATTR)
+    forwards = [v for v in record.bound.values() if isinstance(v, (KernelForward, ReroutedForward))] if record else []
+    return forwards[0] if len(forwards) == 1 else None
+
+
+def _guard_forwards(plans: list[_ModulePlan], entries: list[ReportEntry], *, device_checked: bool) -> None:
+    """Give every bound forward what its kernels serve, which each call checks (``_LazyForward.guard``).
+
+    The device type is checked only where each module's own device decided the kernels: kernelize told the device
+    the model will run on binds kernels for that device before the model is there.
+    """
+    preferred = {(e.module, e.kernel) for e in entries if e.note == "preferred by config"}
+    for plan in plans:
+        forward = _bound_forward(plan.module)
+        probe = _probe(plan.module)
+        if forward is None or probe is None:
+            continue  # a plugin's own binding, or nothing with a dtype: the kernels run as bound
+        owner, name, tensor = probe
+        planned = [plan.forward] if plan.forward is not None else plan.globals
+        forward.guard(owner, name, tuple(
+            Declared(kernel_id=p.kernel.spec.id, plugin=p.kernel.plugin.name, origin=p.kernel.plugin.origin,
+                     dtypes=p.kernel.spec.dtypes, backend=p.kernel.spec.backend,
+                     device_type=tensor.device.type if device_checked and not p.kernel.spec.portable else None,
+                     preferred=(plan.name, p.kernel.spec.id) in preferred)
+            for p in planned))
+
+
+def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], dict[str, str]]:
+    """For module ``name``: why none of its kernels runs (or None), the kernels bound to it, why each does not run."""
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        return "the module is no longer in the model", set(), {}
+    record = module.__dict__.get(BINDING_ATTR)
+    if record is None:
+        return ("its binding was removed since kernelize (unkernelize of a part of the model, or a copy of that "
+                "part)"), set(), {}
+    forward = _bound_forward(module)
+    failing = forward.runtime_problems() if forward is not None else []
+    then = ("each call raises KernelizeError, since configuration prefers it" if any(d.preferred for d, _ in failing)
+            else "the module's own forward runs instead")
+    problems = {declared.kernel_id: f"{cause}; {then}" for declared, cause in failing}
+    bound = {kernel_id for _, kernel_id in record.kernels}
+    for kernel_id in bound - set(problems):
+        if failing:
+            # One rerouted forward: where one of its kernels cannot run, the class forward runs without any.
+            problems[kernel_id] = f"another kernel of the same forward cannot run ({failing[0][1]}); {then}"
+    return None, bound, problems
+
+
+def _not_running(model: nn.Module, name: str, kernel_id: str,
+                 seen: dict[str, tuple[str | None, set[str], dict[str, str]]]) -> str | None:
+    """Why kernel ``kernel_id`` bound to module ``name`` does not run now, or None if it does."""
+    if name not in seen:
+        seen[name] = _binding_state(model, name)
+    gone, bound, problems = seen[name]
+    if gone:
+        return gone
+    if kernel_id not in bound:
+        return "its binding was replaced since kernelize"
+    return problems.get(kernel_id)
+
+
+def _as_now(model: nn.Module, report: KernelizeReport) -> KernelizeReport:
+    """``report`` with every kernel that does not run now where it was bound shown as fallen back."""
+    seen: dict[str, tuple[str | None, set[str], dict[str, str]]] = {}
+    entries = []
+    for entry in report.entries:
+        if entry.applied:
+            why = _not_running(model, entry.module, entry.kernel, seen)
+            if why:
+                entry = dataclasses.replace(entry, kernel=None, fell_back=entry.kernel,
+                                            reason=f"{entry.kernel} does not run now: {why}")
+        elif entry.covered:
+            why = _not_running(model, entry.covered_on, entry.covered_by, seen)
+            if why:
+                # Worded like a covered row's table text, so the table collapses numbered layers alike.
+                entry = dataclasses.replace(entry, fell_back=entry.covered_by,
+                                            reason=f"covered by {entry.covered_by} on {entry.covered_on or '(model)'}"
+                                                   f", which does not run now: {why}")
+        entries.append(entry)
+    if all(new is old for new, old in zip(entries, report.entries, strict=True)):
+        return report
+    return dataclasses.replace(report, entries=tuple(entries))

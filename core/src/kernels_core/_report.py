@@ -22,6 +22,13 @@ class ReportEntry:
     forward never runs: it gets no kernel of its own and is not counted as a binding. ``left_to_compiler`` names
     the kernel that would have run where the module was left on its own forward for torch.compile, since that
     kernel traces to the same plain PyTorch ops (``KernelSpec.native_when_compiled``).
+
+    ``fell_back`` names a kernel kernelize bound that does not run now, as :func:`~kernels_core.get_report` finds
+    the model when it is asked: the module's parameters were converted since to a dtype the kernel does not declare
+    (``model.double()``, ``.half()``, ``.to(dtype)``) or moved to another device type (``.cpu()``), so each call
+    runs the module's own forward, or the binding was removed (``unkernelize`` of a part of the model). For a
+    covered module it names the enclosing module's kernel, whose fallback runs this module's own forward again.
+    ``reason`` says which.
     """
 
     module: str
@@ -38,6 +45,7 @@ class ReportEntry:
     covered_by: str | None = None
     covered_on: str | None = None
     left_to_compiler: str | None = None
+    fell_back: str | None = None
 
     @property
     def applied(self) -> bool:
@@ -45,7 +53,7 @@ class ReportEntry:
 
     @property
     def covered(self) -> bool:
-        return self.covered_by is not None
+        return self.covered_by is not None and self.fell_back is None
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,9 @@ class KernelizeReport:
         compiled = sum(1 for e in self.entries if e.left_to_compiler)
         if compiled:
             text += f", {compiled} left to torch.compile"
+        fell_back = sum(1 for e in self.entries if e.fell_back)
+        if fell_back:
+            text += f", {fell_back} fell back to their own forward since kernelize"
         return f"{text} [{parts}]" if parts else text
 
     def to_dict(self) -> dict[str, Any]:

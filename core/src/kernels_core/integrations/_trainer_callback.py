@@ -111,7 +111,8 @@ def loss_owner(model: nn.Module) -> str:
 
 def _annotate_trl(model: nn.Module) -> None:
     """Say in the report that TRL's fused LM head is the foreign forward the loss kind left alone."""
-    report = get_report(model)
+    # The stored report, not get_report's view of the model as it is now, which must not be frozen into it.
+    report = model.__dict__.get(REPORT_ATTR)
     if report is None:
         return
     entries = []
