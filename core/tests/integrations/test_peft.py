@@ -284,14 +284,14 @@ def saved_qwen3(tmp_path_factory):
     return str(path)
 
 
-def _load_4bit(path):
+def _load_4bit(path, storage=torch.bfloat16):
     from transformers import AutoModelForCausalLM
     from transformers import BitsAndBytesConfig
 
-    # nf4 with a floating-point quant storage (what FSDP needs to shard the packed weights); compute in float32
-    # so that the comparison is float32 on both sides.
+    # nf4 with a floating-point quant storage (what FSDP needs to shard the packed weights) or bitsandbytes'
+    # default uint8; compute in float32 so that the comparison is float32 on both sides.
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
-                               bnb_4bit_quant_storage=torch.bfloat16)
+                               bnb_4bit_quant_storage=storage)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quant, dtype=torch.float32,
@@ -301,15 +301,17 @@ def _load_4bit(path):
 
 
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("targets", ["all-linear", "all-linear+lm_head"])
-def test_qlora_matches_plain_qlora(targets, order, saved_qwen3, pm):
-    """QLoRA: 4-bit nf4 base layers (bf16 quant storage), LoRA on top; the gated MLP kernel calls the 4-bit
-    projections, the fused loss takes the (unquantized) head with its adapter."""
+@pytest.mark.parametrize(("targets", "storage"), [
+    ("all-linear", "bfloat16"), ("all-linear+lm_head", "bfloat16"), ("all-linear", "uint8")])
+def test_qlora_matches_plain_qlora(targets, storage, order, saved_qwen3, pm):
+    """QLoRA: 4-bit nf4 base layers, LoRA on top; the gated MLP kernel calls the 4-bit projections, the fused loss
+    takes the (unquantized) head with its adapter. On an AVX512-BF16 CPU an eval-mode forward of a 4-bit layer
+    repacks its weight for inference, after which its backward is wrong: kernelize's probes must not cause that."""
     bnb = _bnb_or_skip()
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=TARGETS[targets],
                              init_lora_weights=False)
-    expected = _step(_peft(_load_4bit(saved_qwen3), config), *_ids())
-    base = _load_4bit(saved_qwen3)
+    expected = _step(_peft(_load_4bit(saved_qwen3, getattr(torch, storage)), config), *_ids())
+    base = _load_4bit(saved_qwen3, getattr(torch, storage))
     assert isinstance(base.model.layers[0].mlp.gate_proj, bnb.nn.Linear4bit)
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)

@@ -47,3 +47,18 @@ def test_hooks_and_other_modules_are_refused():
 def test_unknown_wrappers_are_not_looked_through():
     norm = nn.RMSNorm(4)
     assert wrapped_module(norm) is norm
+
+
+def test_experts_with_quantized_weights_are_declined(pm):
+    """The experts kernel reads gate_up_proj / down_proj as they are: a quantized tensor class is refused."""
+    import kernels_core
+    from kernels_core import Mode
+    from kernels_core.testing import tiny_causal_lm
+
+    model = tiny_causal_lm("qwen3_moe")
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        experts.gate_up_proj = nn.Parameter(experts.gate_up_proj.detach().as_subclass(_Packed), requires_grad=False)
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=pm)
+    entries = [e for e in kernels_core.get_report(model).entries if e.kind == "moe_experts"]
+    assert entries and all(e.kernel is None and "_Packed (quantized?)" in e.reason for e in entries), entries

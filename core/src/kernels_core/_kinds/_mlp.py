@@ -17,6 +17,7 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
+from ._context import param_dtype
 from ._context import positional_arity
 from ._context import rel_error
 
@@ -95,7 +96,8 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     in_features = getattr(module.gate_proj if layout == "split" else module.gate_up_proj, "in_features", in_features)
     if not isinstance(in_features, int):
         return (kind, Decline(kind, "projection input size unknown (not nn.Linear-like)"))
-    dtype = weight.dtype
+    # The activations' dtype: a 4-bit linear's packed weight may be stored as uint8 (bitsandbytes' default).
+    dtype = param_dtype(module) or torch.float32
     gen = ctx.generator(weight.device)
     x = ctx.randn(1, 3, in_features, device=weight.device, dtype=dtype, gen=gen)
     def reference(x: torch.Tensor) -> torch.Tensor:
