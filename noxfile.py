@@ -50,8 +50,8 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "rocm+cuda": (["./core[test]", "./triton-adapters", "./plugins-rocm", "./plugins-cuda"],
                   ["plugins-rocm/tests/test_with_cuda_plugin.py"]),
     "npu": (["./core[test]", "./plugins-npu[test]"], ["plugins-npu/tests"]),
-    # The trainer integrations (transformers Trainer, TRL, accelerate) with the core's portable kernels.
-    "integrations": (["./core[test,trl]"],
+    # The trainer integrations (transformers Trainer, TRL, PEFT, accelerate) with the core's portable kernels.
+    "integrations": (["./core[test,trl,peft]"],
                      ["core/tests/integrations", "--ignore=core/tests/integrations/llamafactory"]),
     # LLaMA-Factory v1 (llamafactory 0.9.5) pins transformers <= 5.6, so it gets a venv of its own, with what
     # PYPI_PINS lists; the core's matching (kinds/) and distributed tests run again there, on transformers 5.6.
@@ -62,6 +62,8 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
 # dependencies, without). llamafactory's own dependency set (torchvision, torchaudio, gradio, ...) does not install
 # beside the CPU build of torch; its model loading and SFT need only these.
 PYPI_PINS: dict[str, tuple[list[str], list[str]]] = {
+    # QLoRA on the CPU (4-bit nf4 through bitsandbytes' CPU backend); without it those tests skip.
+    "integrations": (["bitsandbytes==0.50.2"], []),
     "llamafactory": (["transformers==5.6.0", "accelerate==1.11.0", "omegaconf==2.4.0", "datasets==4.0.0",
                       "torchdata==0.11.0"], ["llamafactory==0.9.5"]),
 }

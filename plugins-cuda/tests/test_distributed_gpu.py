@@ -1,5 +1,6 @@
-"""kernelize under FSDP2, DDP, accelerate's device_map and transformers tensor parallelism, and the Trainer's
-``KernelizeCallback`` under accelerate's FSDP2 and DDP, on two GPUs; FSDP2 x tensor parallelism (2-D) on four.
+"""kernelize under FSDP2, DDP, accelerate's device_map and transformers tensor parallelism, PEFT LoRA under FSDP2,
+and the Trainer's ``KernelizeCallback`` under accelerate's FSDP2 and DDP, on two GPUs; FSDP2 x tensor parallelism
+(2-D) on four.
 
 Each check is a worker script under ``distributed_workers/`` run in a subprocess: ``torchrun --standalone
 --nproc_per_node 2`` (4 for the 2-D one) for the process-group ones, plain Python for ``device_map`` (one process,
@@ -136,6 +137,18 @@ def test_tensor_parallel_losses_match_eager(device):
     assert ": OK;" in stdout, stdout
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_lora_under_fsdp2(device):
+    """PEFT LoRA on every linear layer and lm_head, fully_shard per layer and on the PEFT model: kernelize before
+    get_peft_model, between it and fully_shard, or last; losses and LoRA gradients equal plain PEFT + FSDP2's, and
+    the fused loss trains lm_head's adapter."""
+    if reason := _skip_reason(device, distributed=True):
+        pytest.skip(reason)
+    pytest.importorskip("peft")
+    stdout = _run(["lora_worker.py", "--device", device], torchrun=True)
+    assert stdout.count(": OK;") == 6, stdout
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("wrapper", ["fsdp", "ddp"])
 def test_trainer_callback_under_fsdp2_and_ddp(wrapper, dtype):
@@ -169,7 +182,7 @@ def test_tensor_parallel_times_fsdp2(device):
 
 
 @pytest.mark.parametrize("worker", ["train_worker.py", "device_map_worker.py", "tp_worker.py", "trainer_worker.py",
-                                    "tp_fsdp_worker.py"])
+                                    "tp_fsdp_worker.py", "lora_worker.py"])
 def test_worker_scripts_parse_arguments(worker):
     """On any machine: the workers import (their shared helper included) and parse their arguments."""
     proc = subprocess.run([sys.executable, worker, "--help"], cwd=WORKERS, capture_output=True, text=True, timeout=120)

@@ -12,12 +12,14 @@ left alone. The adapter then reproduces that template with the kernel doing lm_h
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._plugin_info import KernelFallbackWarning
 from .._types import Decline
 from .._types import Match
 from .._types import Mode
@@ -25,6 +27,7 @@ from ._context import MatchContext
 from ._context import cache_keyword
 from ._context import dtensor_placements
 from ._context import plain_class_forward
+from ._linear import linear_operands
 
 
 __all__ = ["adapt_causal_lm", "match_causal_lm"]
@@ -103,8 +106,11 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
         return Decline("causal_lm_loss", f"loss function is {getattr(loss_function, '__name__', loss_function)}, "
                                          "not transformers' ForCausalLMLoss")
     lm_head = module.lm_head
-    if not isinstance(lm_head, nn.Linear):
-        return Decline("causal_lm_loss", f"lm_head is {type(lm_head).__name__}, not nn.Linear")
+    # What lm_head's forward computes now, as one linear the kernel can take (a PEFT LoRA head included), or why
+    # not (a quantized head, DoRA, an unknown wrapper); the fused forward asks again at every call.
+    operands = linear_operands(lm_head)
+    if isinstance(operands, str):
+        return Decline("causal_lm_loss", operands)
     blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), ctx)
     if blocker:
         return Decline("causal_lm_loss", blocker)
@@ -119,11 +125,16 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
                                          f"{str(ctx.mode).removeprefix('Mode.')}); the model's own forward "
                                          "computes the logits and the loss here")
     params = {"template": template, "softcap": softcap}
+    head = ""
+    if type(lm_head) is not nn.Linear:
+        head = (f"; lm_head is {type(lm_head).__name__}: the kernel takes its base weight plus each active "
+                "adapter's low-rank path" if hasattr(lm_head, "lora_A") else
+                f"; lm_head is {type(lm_head).__name__}: the kernel takes the weight of the layer it runs")
     return Match("causal_lm_loss", variant, params,
-                 evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss")
+                 evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss{head}")
 
 
-def _lm_head_blocker(lm_head: nn.Linear, config: object, ctx: MatchContext) -> str | None:
+def _lm_head_blocker(lm_head: nn.Module, config: object, ctx: MatchContext) -> str | None:
     """Why the fused loss, which reads ``lm_head.weight`` directly, would not compute what ``lm_head(x)`` does."""
     if lm_head._forward_hooks or lm_head._forward_pre_hooks:
         # Tensor parallel gathers the vocabulary shards in such hooks; adapters and quantizers hook here too.
@@ -173,6 +184,7 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
     cache = cache_keyword(plain)
     materialize = bool(options.get("materialize_logits", False))
     output_name = "MoeCausalLMOutputWithPast" if template == "moe" else "CausalLMOutputWithPast"
+    warned: set[str] = set()  # fallback reasons already warned about, for this binding
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if len(args) > len(arg_names) or any(n in kwargs for n in arg_names[: len(args)]):
@@ -189,6 +201,16 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             and isinstance(logits_to_keep, int) and logits_to_keep == 0
         )
         if not fused:
+            return original(*args, **kwargs)
+        # lm_head as it is now: PEFT may have wrapped it after kernelize (LoRA, modules_to_save), and its .weight
+        # would then be the frozen base layer's; a head the kernel cannot reproduce runs the model's own forward.
+        head = linear_operands(module.lm_head)
+        if isinstance(head, str):
+            if head not in warned:
+                warned.add(head)
+                warnings.warn(f"kernels-core: the fused causal-LM loss of {type(module).__name__} falls back to the "
+                              f"model's own forward (full logits) for this model: {head}", KernelFallbackWarning,
+                              stacklevel=2)
             return original(*args, **kwargs)
         return_dict = call.pop("return_dict", None)
         if template == "moe":
@@ -208,12 +230,12 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
         shift_labels = call.get("shift_labels")
         if shift_labels is None:
             shift_labels = _shift(labels, ignore_index)
-        lm_head = module.lm_head
+        rows, weight, bias = head(hidden.reshape(-1, hidden.shape[-1]))
         loss = impl(
-            hidden.reshape(-1, hidden.shape[-1]),
-            lm_head.weight,
+            rows,
+            weight,
             shift_labels.reshape(-1).to(hidden.device),
-            bias=lm_head.bias,
+            bias=bias,
             ignore_index=ignore_index,
             num_items_in_batch=call.get("num_items_in_batch"),
             softcap=softcap,

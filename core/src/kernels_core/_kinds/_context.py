@@ -55,6 +55,9 @@ BINDING_ATTR = "_kernels_core_binding"
 # Relative error (max |a-b| / max |b|) below which a probe counts as the same math. Generous enough for the
 # module computing in a different order than the reference, tight enough that a (1 + w) offset, a different
 # activation or a missing multiplier (errors of order 1) never passes.
+# What a bitsandbytes linear's first forward sets for good (see MatchContext.run_probe).
+_BNB_STATE = ("compute_dtype", "compute_type_is_set")
+
 _TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
@@ -294,16 +297,23 @@ class MatchContext:
         A kernel replaces the forward in both modes, so both must compute the reference math.
         """
         flags = [(m, m.training) for m in module.modules()]
+        # bitsandbytes' quantized linears compute the same in both modes, but an eval-mode forward on a CPU with
+        # AVX512-BF16 repacks a 4-bit weight for inference for good (later training forwards then skip autograd),
+        # and the first forward fixes the compute dtype to its input's. They stay in training mode, and get their
+        # compute dtype settings back, so that kernelize leaves them as the first real step would find them.
+        quantized = {id(m): {k: m.__dict__[k] for k in _BNB_STATE if k in m.__dict__}
+                     for m, _ in flags if type(m).__module__.startswith("bitsandbytes.")}
         outputs = []
         try:
             with torch.no_grad():
                 for training in (False, True):
                     for m, _ in flags:
-                        m.training = training
+                        m.training = training or id(m) in quantized
                     outputs.append(fn(*args))
         finally:
             for m, was_training in flags:
                 m.training = was_training
+                m.__dict__.update(quantized.get(id(m), {}))
         return outputs
 
     def verdict(self, kind: str, module: nn.Module, compute: Callable[[], Any]) -> Any:

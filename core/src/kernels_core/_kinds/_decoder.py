@@ -25,6 +25,7 @@ import contextlib
 import dis
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from torch import nn
 
 from .._forward import decorator_chain_problem
 from .._forward import rewrap
+from .._plugin_info import KernelFallbackWarning
 from .._types import Decline
 from .._types import Match
 from . import _reference
@@ -45,6 +47,7 @@ from ._context import math_key
 from ._context import param_dtype
 from ._context import plain_class_forward
 from ._context import rel_error
+from ._linear import wrapped_module
 from ._norms import match_rms_norm
 
 
@@ -115,8 +118,27 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
     if isinstance(arguments, str):
         raise TypeError(f"{type(module).__name__}: {arguments}")
     names, defaults = arguments.positional, dict(arguments.defaults)
+    # The kernel reads post_attention_layernorm's weight without calling it. Something that replaces or hooks the
+    # norm after kernelize (fully_shard of the norm alone, an activation hook, an unknown wrapper) would be
+    # bypassed: then the layer runs its own forward, checked at every call (a type test and two dict lookups).
+    # PEFT's modules_to_save runs a trainable copy of the norm, whose weight the kernel then reads.
+    norm_type = type(module.post_attention_layernorm)
+    plain = plain_class_forward(module)
+    warned: list[str] = []  # for this binding
 
     def forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        norm = self.post_attention_layernorm
+        if type(norm) is not norm_type:
+            norm = wrapped_module(norm) or norm
+        if type(norm) is not norm_type or norm._forward_hooks or norm._forward_pre_hooks:
+            if not warned:
+                what = (f"is now {type(norm).__name__}" if type(norm) is not norm_type else "has forward hooks")
+                warned.append(what)
+                warnings.warn(f"kernels-core: the fused residual add + RMSNorm of {type(self).__name__} falls back "
+                              f"to the layer's own forward: its post_attention_layernorm {what} (wrapped, sharded or "
+                              "hooked after kernelize), and the kernel would read its weight without calling it",
+                              KernelFallbackWarning, stacklevel=2)
+            return plain(self, hidden_states, *args, **kwargs)
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__}.forward takes {len(names) + 1} positional arguments "
                             f"but {len(args) + 1} were given")
@@ -125,7 +147,7 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
-        hidden_states, residual = impl(hidden_states, residual, self.post_attention_layernorm.weight, eps=eps,
+        hidden_states, residual = impl(hidden_states, residual, norm.weight, eps=eps,
                                        offset=offset, casting=casting)
         hidden_states = self.mlp(hidden_states)
         return residual + hidden_states

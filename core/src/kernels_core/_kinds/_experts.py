@@ -16,6 +16,7 @@ from ._context import MatchContext
 from ._context import close
 from ._context import dtensor_placements
 from ._context import rel_error
+from ._linear import plain_weight_problem
 
 
 __all__ = ["adapt_experts", "match_experts"]
@@ -44,6 +45,11 @@ def match_experts(module: nn.Module, name: str, ctx: MatchContext) -> Match | De
 def _classify_experts(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     # Read inside the verdict: FSDP2-sharded weights are gathered by then.
     gate_up, down = module._parameters["gate_up_proj"], module._parameters["down_proj"]
+    for name, tensor in (("gate_up_proj", gate_up), ("down_proj", down)):
+        # The kernels read these tensors as they are: a quantized tensor class or packed integers would be misread.
+        problem = plain_weight_problem(tensor, name)
+        if problem:
+            return Decline("moe_experts", problem)
     placements = dtensor_placements(gate_up)
     if placements is not None:
         return Decline("moe_experts", f"expert weights are DTensors {placements} (tensor or expert parallel); "

@@ -17,6 +17,7 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
+from ._context import param_dtype
 from ._context import positional_arity
 from ._context import rel_error
 
@@ -61,6 +62,19 @@ def _gate_up(module: nn.Module, layout: str, x: torch.Tensor) -> tuple[torch.Ten
     return gate, up
 
 
+def _seeded(fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """``fn`` run from one fixed random state (CPU, and the module's CUDA device), the caller's state restored."""
+    def run(*args: Any) -> Any:
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" \
+            else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.random.default_generator.manual_seed(1234)
+            for index in cuda:
+                torch.cuda.default_generators[index].manual_seed(1234)
+            return fn(*args)
+    return run
+
+
 def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Decline] | None:
     """(kind, verdict) for a module shaped like a gated MLP, else None."""
     layout = _layout(module)
@@ -82,21 +96,27 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     in_features = getattr(module.gate_proj if layout == "split" else module.gate_up_proj, "in_features", in_features)
     if not isinstance(in_features, int):
         return (kind, Decline(kind, "projection input size unknown (not nn.Linear-like)"))
-    dtype = weight.dtype
+    # The activations' dtype: a 4-bit linear's packed weight may be stored as uint8 (bitsandbytes' default).
+    dtype = param_dtype(module) or torch.float32
     gen = ctx.generator(weight.device)
     x = ctx.randn(1, 3, in_features, device=weight.device, dtype=dtype, gen=gen)
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        gate, up = _gate_up(module, layout, x)
+        return module.down_proj(_reference.gated_activation(gate, up, activation=activation))
+
     try:
-        outputs = ctx.run_probe(module, ctx.original_forward(module), x)
-        with torch.no_grad():
-            gate, up = _gate_up(module, layout, x)
-            expected = module.down_proj(_reference.gated_activation(gate, up, activation=activation))
+        # The projections run in both (the adapter calls them): dropout inside them (PEFT LoRA) draws the same
+        # masks in the same order when both start from the same random state.
+        outputs = ctx.run_probe(module, _seeded(ctx.original_forward(module), weight.device), x)
+        references = ctx.run_probe(module, _seeded(reference, weight.device), x)
     except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
         return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
+    expected = references[0]
     if not bool(expected.abs().max() > 0):
         return (kind, Decline(kind, "probe is inconclusive: the output is all zeros with these weights"))
-    if not all(close(actual, expected, dtype) for actual in outputs):
-        err = max((rel_error(a, expected) if isinstance(a, torch.Tensor) and a.shape == expected.shape
-                   else float("inf")) for a in outputs)
+    if not all(close(actual, ref, dtype) for actual, ref in zip(outputs, references, strict=True)):
+        err = max((rel_error(a, ref) if isinstance(a, torch.Tensor) and a.shape == ref.shape
+                   else float("inf")) for a, ref in zip(outputs, references, strict=True))
         return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) in eval or training "
                                     f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, extra "
                                     "terms?)"))
