@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import broken_plugins
 import conformance_plugins
 import pytest
 from kernels_core import _cli
@@ -116,3 +117,48 @@ def test_assert_conforms_is_the_same_check(wrong_pm):
     assert report.ok and len(report.results) == 6
     with pytest.raises(AssertionError, match=r"bad.rms_norm.scaled .* FAIL max err"):
         assert_conforms("wrong", kernel="bad.rms_norm.scaled", plugin_manager=wrong_pm)
+
+
+# -- broken third-party plugins (broken_plugins.py): failed rows, and the check goes on -------------------------------
+
+@pytest.fixture
+def broken_pm():
+    return fresh_plugin_manager((broken_plugins.Good(), "good"), (broken_plugins.MatcherRaises(), "sharp"),
+                                (broken_plugins.AdapterAlwaysRaises(), "flat"))
+
+
+def test_a_raising_matcher_or_adapter_fails_its_rows_and_the_check_goes_on(broken_pm):
+    report = check(["sharp", "flat", "good"], plugin_manager=broken_pm, compile=False)
+    (sharp,) = _rows(report, "sharp.linear")
+    assert sharp.status == "fail" and sharp.reason == (
+        "the kind's matcher broken_plugins:match_raising (plugin 'sharp') raised RuntimeError: matcher confused by "
+        "Linear")
+    (flat,) = _rows(report, "flat.linear.nobias")
+    assert flat.status == "fail" and flat.reason == (
+        "the kind's adapter broken_plugins:adapt_always_raising (plugin 'flat') raised RuntimeError: adapter always "
+        "fails")
+    assert [r.status for r in _rows(report, "good.linear")] == ["pass"]
+    with pytest.raises(AssertionError, match=r"2 failed(.|\n)*sharp.linear(.|\n)*matcher confused"):
+        assert_conforms("sharp", "flat", "good", plugin_manager=broken_pm, compile=False)
+
+
+def test_the_command_reports_broken_plugins_as_failed_rows(broken_pm, capsys):
+    previous = _manager.reset_plugin_manager(broken_pm)
+    try:
+        assert _cli.main(["check", "sharp", "flat", "good", "--no-compile"]) == 1
+    finally:
+        _manager.reset_plugin_manager(previous)
+    out = capsys.readouterr().out
+    assert "FAIL: the kind's matcher broken_plugins:match_raising" in out
+    assert "FAIL: the kind's adapter broken_plugins:adapt_always_raising" in out
+    assert "3 kernel(s) checked: 1 passed, 2 failed" in out
+
+
+def test_under_compile_the_kernel_own_exception_is_reported():
+    pm = fresh_plugin_manager((broken_plugins.KernelRaises(), "raising"))
+    rows = _rows(check(["raising"], plugin_manager=pm), "raising.linear")
+    assert [("compiled" in r.case, r.status) for r in rows] == [(False, "fail"), (True, "fail")]
+    assert rows[0].reason == "the kernel raised ValueError: linear kernel exploded"
+    assert rows[1].reason.startswith("the kernel raised ValueError: linear kernel exploded (eagerly too; under "
+                                     "torch.compile: ")
+    assert "hasattr" not in rows[1].reason

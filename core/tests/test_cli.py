@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import kernels_core
 import pytest
+from kernels_core import BackendInfo
+from kernels_core import KernelSpec
 from kernels_core import _cli
 from kernels_core import _manager
+from kernels_core import hookimpl
+from kernels_core._check import check
 from kernels_core.testing import fresh_plugin_manager
 
 
@@ -92,3 +97,44 @@ def test_kinds_table_and_json(capsys):
     kinds = {k["name"]: k for k in json.loads(capsys.readouterr().out)["kinds"]}
     assert kinds["causal_lm_loss"]["options"] == {"materialize_logits": ["bool"]}
     assert kinds["rms_norm"]["variants"] == ["standard", "offset"] and kinds["rms_norm"]["plugin"] == "builtin"
+
+
+def _elsewhere_plugin():
+    plugin = types.ModuleType("plugin_elsewhere")
+    specs = [
+        KernelSpec(id="acme.rms_norm.k", kind="rms_norm", variants=("standard",), backend="acme",
+                   impl="kernels_core.portable:rms_norm"),
+        KernelSpec(id="needs.rms_norm.k", kind="rms_norm", variants=("standard",), backend="any",
+                   impl="kernels_core.portable:rms_norm", priority=-2,
+                   requires=("kernels-core-no-such-package>=1",)),
+        KernelSpec(id="fine.rms_norm.k", kind="rms_norm", variants=("standard",), backend="any",
+                   impl="kernels_core.portable:rms_norm", priority=-1),
+    ]
+    plugin.kernels_core_kernels = hookimpl(lambda: specs)
+    # The plugin that drives the backend is installed, but finds no device here.
+    plugin.kernels_core_detect_devices = hookimpl(
+        lambda: [BackendInfo("acme", "acme", devices=(), reason="acme driver not loaded")])
+    return plugin
+
+
+def test_kernels_says_which_kernels_cannot_run_here_as_check_decides(capsys):
+    pm = fresh_plugin_manager((_elsewhere_plugin(), "elsewhere"))
+    _manager.reset_plugin_manager(pm)  # the autouse fixture restores the previous manager
+    assert _cli.main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    status = {line.split()[0]: line.split(maxsplit=8)[-1].strip() for line in out.splitlines()
+              if line.startswith(("acme.", "needs.", "fine."))}
+    assert status == {"acme.rms_norm.k": "cannot run here", "needs.rms_norm.k": "cannot run here",
+                      "fine.rms_norm.k": "ok"}
+    assert ("cannot run here: acme.rms_norm.k (elsewhere): no acme device detected (acme driver not loaded)"
+            in out)
+    assert ("cannot run here: needs.rms_norm.k (elsewhere): requirement missing: kernels-core-no-such-package is "
+            "not installed") in out
+    assert _cli.main(["kernels", "--json"]) == 0
+    problems = {k["id"]: k["problems"] for k in json.loads(capsys.readouterr().out)["kernels"]}
+    assert problems["fine.rms_norm.k"] == []
+    # The same reasons the conformance check skips them for.
+    skipped = {r.kernel: r.reason for r in check(["elsewhere"], plugin_manager=pm, compile=False).results
+               if r.status == "skipped"}
+    for kernel in ("acme.rms_norm.k", "needs.rms_norm.k"):
+        assert [p["detail"] for p in problems[kernel] if p["status"] == "cannot run here"] == [skipped[kernel]]

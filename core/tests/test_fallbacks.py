@@ -6,6 +6,7 @@ import json
 import types
 import warnings
 
+import broken_plugins
 import kernels_core
 import pytest
 import torch
@@ -19,6 +20,7 @@ from kernels_core import Supports
 from kernels_core import hookimpl
 from kernels_core._plugin_info import reset_fallbacks
 from kernels_core.testing import fresh_plugin_manager
+from kernels_core.testing import tiny_causal_lm
 
 
 def _plugin(**hooks):
@@ -158,37 +160,139 @@ def test_a_kernel_raising_at_run_time_keeps_its_type_and_names_kernel_plugin_mod
         assert part in notes[0], part
 
 
-def adapt_raising(module, match, impl, options):
-    raise RuntimeError("adapter cannot build")
-
-
 def match_raising(module, name, ctx):
     if isinstance(module, torch.nn.Linear):
         raise RuntimeError("matcher confused")
     return None
 
 
-def test_an_adapter_raising_at_bind_time_is_a_kernelize_error_naming_everything_and_changes_nothing():
-    pm = _manager_with(LINEAR, kinds=[_kind(adapter=f"{__name__}:adapt_raising")])
-    model = _mixed_model()
-    before = {name: dict(m.__dict__) for name, m in model.named_modules()}
-    with pytest.raises(KernelizeError) as info:
-        kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=pm)
-    message = str(info.value)
-    for part in ("module '0' (Linear)", "kernel 'demo.scaled_linear.k'", "plugin 'demo'",
-                 "distribution demo-plugin", "kind 'scaled_linear'", f"{__name__}:adapt_raising",
-                 "RuntimeError: adapter cannot build", 'kernels.disable = ["demo.scaled_linear.k"]'):
-        assert part in message, part
-    assert isinstance(info.value.__cause__, RuntimeError)
-    assert {name: dict(m.__dict__) for name, m in model.named_modules()} == before
-    assert kernels_core.get_report(model) is None
-
-
 def test_a_matcher_raising_declines_naming_its_plugin():
     pm = _manager_with(LINEAR, kinds=[_kind(matcher=f"{__name__}:match_raising")])
-    model = kernels_core.kernelize(_mixed_model(), mode=Mode.INFERENCE, plugin_manager=pm)
+    with pytest.warns(KernelFallbackWarning, match="matcher confused"):
+        model = kernels_core.kernelize(_mixed_model(), mode=Mode.INFERENCE, plugin_manager=pm)
     entry = next(e for e in kernels_core.get_report(model).entries if e.kind == "scaled_linear")
     assert not entry.applied
     for part in (f"matcher {__name__}:match_raising", "plugin 'demo'", "distribution demo-plugin",
                  "RuntimeError: matcher confused"):
         assert part in entry.reason, part
+
+
+# -- third-party plugins with the usual mistakes (broken_plugins.py) ----------------------------------------------
+
+def _broken_pm(*plugins):
+    pm = fresh_plugin_manager()
+    for plugin, name in plugins:
+        pm.register(plugin, name, distribution=f"{name}-dist", version="0.1")
+    return pm
+
+
+def _linears():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.RMSNorm(8, eps=1e-6))
+
+
+def _snapshot(model):
+    return {name: dict(m.__dict__) for name, m in model.named_modules()}
+
+
+def test_a_raising_matcher_warns_once_for_its_kind_the_others_keep_binding_and_strict_raises():
+    pm = _broken_pm((broken_plugins.Good(), "good"), (broken_plugins.MatcherRaises(), "sharp"))
+    with pytest.warns(KernelFallbackWarning) as record:
+        model = kernels_core.kernelize(_linears(), mode=Mode.INFERENCE, plugin_manager=pm)
+    assert len(record) == 1, [str(r.message) for r in record]  # one per plugin and kind, not one per module
+    message = str(record[0].message)
+    for part in ("layer kind 'sharp_linear' of plugin 'sharp' (sharp-dist 0.1)", "broken_plugins:match_raising",
+                 "RuntimeError: matcher confused by Linear", "module '0' (Linear) and 1 other module(s)",
+                 "[kinds.sharp_linear] enabled = false", "KERNELS_CORE_DISABLE_PLUGINS=sharp"):
+        assert part in message, part
+    report = kernels_core.get_report(model)
+    assert sorted(e.kernel for e in report.applied) == ["any.rms_norm.recompute", "good.linear", "good.linear"]
+    sharp = [e for e in report.entries if e.kind == "sharp_linear"]
+    assert len(sharp) == 2 and all("raised RuntimeError: matcher confused by Linear" in e.reason for e in sharp)
+    # Once per process and cause.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        kernels_core.kernelize(_linears(), mode=Mode.INFERENCE, plugin_manager=pm)
+    fresh = _linears()
+    before = _snapshot(fresh)
+    with pytest.raises(KernelizeError, match=r"strict kernelize: 1 piece\(s\) of broken plugin code: layer kind "
+                                             r"'sharp_linear' of plugin 'sharp'.*matcher confused"):
+        kernels_core.kernelize(fresh, mode=Mode.INFERENCE, plugin_manager=pm, strict=True)
+    assert _snapshot(fresh) == before and kernels_core.get_report(fresh) is None
+
+
+def test_an_adapter_raising_for_one_kernel_falls_back_to_the_next_best_with_one_warning():
+    pm = _broken_pm((broken_plugins.AdapterRaises(), "flat"))
+    eager = _linears()
+    with pytest.warns(KernelFallbackWarning) as record:
+        model = kernels_core.kernelize(_linears(), mode=Mode.INFERENCE, plugin_manager=pm)
+    assert len(record) == 1, [str(r.message) for r in record]
+    message = str(record[0].message)
+    for part in ("layer kind 'flat_linear' of plugin 'flat' (flat-dist 0.1)", "adapter broken_plugins:adapt_raising",
+                 "TypeError: adapter cannot build around linear_no_bias", "kernel 'flat.linear.nobias'",
+                 "module '0' (Linear) and 1 other module(s)", "the next candidate kernel runs there"):
+        assert part in message, part
+    report = kernels_core.get_report(model)
+    linears = [e for e in report.entries if e.kind == "flat_linear"]
+    assert [e.kernel for e in linears] == ["flat.linear", "flat.linear"]
+    assert all("flat.linear.nobias: the adapter broken_plugins:adapt_raising of plugin 'flat' raised TypeError"
+               in e.note for e in linears)
+    x = torch.randn(3, 8)
+    assert torch.equal(model(x), eager(x))
+
+
+def test_an_adapter_raising_for_every_kernel_leaves_its_modules_alone_and_strict_raises():
+    pm = _broken_pm((broken_plugins.AdapterAlwaysRaises(), "flat"))
+    with pytest.warns(KernelFallbackWarning, match="adapter broken_plugins:adapt_always_raising raised RuntimeError"):
+        model = kernels_core.kernelize(_linears(), mode=Mode.INFERENCE, plugin_manager=pm)
+    report = kernels_core.get_report(model)
+    assert [e.kernel for e in report.applied] == ["any.rms_norm.recompute"]
+    linears = [e for e in report.entries if e.kind == "flat_linear"]
+    assert len(linears) == 2 and all("adapter broken_plugins:adapt_always_raising of plugin 'flat' raised "
+                                     "RuntimeError: adapter always fails" in e.reason for e in linears)
+    assert all("forward" not in model[i].__dict__ for i in (0, 1))
+    fresh = _linears()
+    before = _snapshot(fresh)
+    with pytest.raises(KernelizeError, match=r"broken plugin code: layer kind 'flat_linear' of plugin 'flat'"):
+        kernels_core.kernelize(fresh, mode=Mode.INFERENCE, plugin_manager=pm, strict=True)
+    assert _snapshot(fresh) == before and kernels_core.get_report(fresh) is None
+
+
+def test_a_failure_outside_any_kernel_names_the_kernels_bound_inside_nearest_first():
+    # wide.linear returns one column too many from each MLP's down_proj; the decoder layer's residual add raises,
+    # inside the base model, whose forward runs with the causal-mask kernel.
+    pm = _broken_pm((broken_plugins.WideDownProj(), "wide"))
+    model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.INFERENCE, plugin_manager=pm)
+    applied = {e.module: e.kernel for e in kernels_core.get_report(model).applied}
+    assert applied["model.layers.0.mlp.down_proj"] == "wide.linear"
+    assert applied["model"] == "any.causal_mask.sdpa_is_causal"
+    with pytest.raises(RuntimeError) as info:
+        model(input_ids=torch.randint(3, 100, (2, 7)))
+    (note,) = [n for n in info.value.__notes__ if n.startswith("kernels-core:")]
+    assert note.startswith("kernels-core: raised outside any kernel, in the code of module 'model.layers.0'")
+    assert "'wide.linear' (plugin 'wide') on 'model.layers.0.mlp.down_proj' and 1 other module(s)" in note
+    listed = note[note.index("nearest first:"):note.index("; to run without")]
+    # Kernels bound in the layer that raised come before the model's own, which the original note blamed alone.
+    assert listed.index("'wide.linear'") < listed.index("'any.causal_mask.sdpa_is_causal'")
+    disable = note[note.index("kernels.disable = ["):]
+    assert '"wide.linear"' in disable and '"any.causal_mask.sdpa_is_causal"' in disable
+
+
+def test_a_kernel_raising_under_torch_compile_shows_its_own_exception():
+    pm = _broken_pm((broken_plugins.KernelRaises(), "raising"))
+    model = kernels_core.kernelize(torch.nn.Sequential(torch.nn.Linear(8, 8)),
+                                   mode=Mode.INFERENCE | Mode.TORCH_COMPILE, plugin_manager=pm)
+    assert kernels_core.get_report(model).applied[0].kernel == "raising.linear"
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(Exception) as info:  # noqa: B017 - Dynamo's exception type varies between versions
+            compiled(torch.randn(2, 8))
+    finally:
+        torch._dynamo.reset()
+    chain, exc = [], info.value
+    while exc is not None:
+        chain.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    text = "\n".join(chain)
+    assert "linear kernel exploded" in text and "hasattr" not in text, text

@@ -440,7 +440,8 @@ def test_kernel_for_a_backend_no_plugin_detects_is_listed(capsys):
     problems = pm.kernel_problems()
     assert [status for status, _ in problems["typo.rms_norm.k"]] == ["undetectable backend"]
     assert "'cpuu' is detected by no installed plugin" in problems["typo.rms_norm.k"][0][1]
-    assert "npu.rms_norm.k" not in problems, "a backend detected with zero devices is detectable"
+    # A backend detected with zero devices is detectable, but nothing of it can run here.
+    assert problems["npu.rms_norm.k"] == [("cannot run here", "no npu device detected (no torch_npu)")]
     previous = manager_module.reset_plugin_manager(pm)
     try:
         assert _cli.main(["kernels"]) == 0
@@ -451,6 +452,7 @@ def test_kernel_for_a_backend_no_plugin_detects_is_listed(capsys):
         assert _cli.main(["kernels", "--json"]) == 0
         data = {k["id"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
         assert data["typo.rms_norm.k"]["problems"][0]["status"] == "undetectable backend"
-        assert data["npu.rms_norm.k"]["problems"] == []
+        assert data["npu.rms_norm.k"]["problems"] == [{"status": "cannot run here",
+                                                       "detail": "no npu device detected (no torch_npu)"}]
     finally:
         manager_module.reset_plugin_manager(previous)

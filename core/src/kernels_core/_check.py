@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import types
@@ -47,6 +48,7 @@ __all__ = [
     "ConformanceCase",
     "check",
     "device_name",
+    "runnable_here",
 ]
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -260,8 +262,22 @@ def _cases(kind: ProvidedKind) -> tuple[tuple[ConformanceCase, ...] | None, str 
     return cases, None
 
 
-def _device(spec: Any, backends: list[tuple[BackendInfo, Any]]) -> tuple[str | None, DeviceInfo | None, str]:
-    """(device name, its info, why there is none) for a kernel: the host CPU for portable kernels."""
+def runnable_here(spec: Any, backends: list[tuple[BackendInfo, Any]]
+                  ) -> tuple[str | None, DeviceInfo | None, str]:
+    """(device name, its info, why there is none) for a kernel: the device it can run on here, the first detected
+    one of its backend (the host CPU for portable kernels), or why it cannot run on this machine: no device of its
+    backend, a capability or architecture it does not support, a requirement missing.
+
+    ``kernels-core kernels`` and ``kernels-core check`` both decide with it. Imports no kernel code.
+
+    Example:
+        >>> from kernels_core import KernelSpec
+        >>> from kernels_core.testing import fresh_plugin_manager
+        >>> spec = KernelSpec(id="acme.rms_norm.k", kind="rms_norm", variants=("standard",), backend="acme",
+        ...                   impl="kernels_acme.ops:rms_norm")
+        >>> runnable_here(spec, fresh_plugin_manager().backends())
+        (None, None, 'no acme device detected')
+    """
     backend = "cpu" if spec.portable else spec.backend
     detected = [b for b, _ in backends if b.backend == backend]
     with_devices = [b for b in detected if b.devices]
@@ -298,7 +314,7 @@ def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: lis
         return [CheckResult(**base, status=FAIL, reason=problem)]
     if not cases:
         return [CheckResult(**base, status=SKIPPED, reason="kind declares no conformance test")]
-    device, _info, why = _device(spec, backends)
+    device, _info, why = runnable_here(spec, backends)
     if device is None:
         return [CheckResult(**base, status=SKIPPED, reason=why)]
     problem = _device_problem(device)
@@ -381,6 +397,24 @@ def _message(exc: BaseException) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
+def _compiled_failure(exc: BaseException, eager: Callable[[], Any]) -> str:
+    """Why the compiled run failed, as the kernel's own exception where there is one.
+
+    Dynamo reports an exception raised in traced code as its own (``Unsupported: Observed exception``), the
+    kernel's exception at most a few causes down, as a ``torch._dynamo`` stand-in: the same inputs are run
+    eagerly to get the exception itself. A kernel that runs eagerly failed only under torch.compile.
+    """
+    try:
+        eager()
+    except Exception as eager_exc:  # noqa: BLE001 - the kernel's own exception
+        return f"the kernel raised {_message(eager_exc)} (eagerly too; under torch.compile: {_message(exc)})"
+    cause: BaseException | None = exc
+    while cause is not None and type(cause).__module__.startswith("torch._dynamo"):
+        cause = cause.__cause__ or cause.__context__
+    own = f" ({_message(cause)})" if cause is not None and cause is not exc else ""
+    return f"the kernel raised under torch.compile: {_message(exc)}{own}"
+
+
 def _compare(pairs: list[tuple[str, Any, Any]]) -> tuple[float, str, str | None]:
     """(largest relative error, where, a structural problem or None) over (what, actual, expected) pairs."""
     worst, where = 0.0, ""
@@ -428,13 +462,20 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
         except Exception as exc:  # noqa: BLE001 - e.g. a dtype the device cannot hold
             return result(SKIPPED, f"the case's module cannot be built here: {_message(exc)}")
         root.train(training)
-        verdict = load_ref(kind.kind.matcher)(target, target_name, MatchContext(root))
+        try:
+            verdict = load_ref(kind.kind.matcher)(target, target_name, MatchContext(root))
+        except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
+            return result(FAIL, f"the kind's matcher {kind.kind.matcher} (plugin {kind.plugin.name!r}) raised "
+                                f"{_message(exc)}")
         if not isinstance(verdict, Match):
             why = getattr(verdict, "reason", "it returned no match")
             return result(FAIL, f"the kind's matcher does not accept the case's module: {why}")
         if verdict.variant != case.variant:
             return result(FAIL, f"the kind's matcher reports variant {verdict.variant!r}, the case {case.variant!r}")
-        args, kwargs = case.inputs(target, torch.Generator().manual_seed(1))
+        try:
+            args, kwargs = case.inputs(target, torch.Generator().manual_seed(1))
+        except Exception as exc:  # noqa: BLE001
+            return result(FAIL, f"the case's inputs raised {_message(exc)}")
         leaves: list[tuple[str, Any]] = []
         if training:
             for index, value in enumerate(args):
@@ -461,13 +502,19 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
             return result(SKIPPED, f"the module's own forward fails in {dtype_name} on {device_str}: {_message(exc)}")
         calls = [0]
 
+        # The impl's own attributes stay visible, as they are to an adapter in kernelize.
+        @functools.wraps(impl)
         def counted(*a: Any, **k: Any) -> Any:
             calls[0] += 1
             return impl(*a, **k)
 
         ref = _register(counted)
         try:
-            forward = _kernel_forward(target, kind, spec, ref, verdict)
+            try:
+                forward = _kernel_forward(target, kind, spec, ref, verdict)
+            except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
+                return result(FAIL, f"the kind's adapter {kind.kind.adapter} (plugin {kind.plugin.name!r}) raised "
+                                    f"{_message(exc)}")
             fn: Callable[..., Any] = forward
             if compile_backend is not None:
                 torch._dynamo.reset()
@@ -475,7 +522,9 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
             try:
                 actual, actual_grads = run(fn)
             except Exception as exc:  # noqa: BLE001 - the kernel's failure is the result
-                return result(FAIL, f"the kernel raised {_message(exc)}")
+                if compile_backend is None:
+                    return result(FAIL, f"the kernel raised {_message(exc)}")
+                return result(FAIL, _compiled_failure(exc, lambda: run(forward)))
         finally:
             _unregister(ref)
             if compile_backend is not None:

@@ -3,7 +3,8 @@
 Both forwards are small picklable objects holding *references* (``module:attr`` strings) rather than functions,
 so ``copy.deepcopy``, ``torch.save``/``torch.load`` and pickling keep a kernelized model kernelized; the callable
 they dispatch to is rebuilt lazily after a copy or a load. An exception raised through one keeps its type and gains
-a note naming the kernel, its plugin, the module and the configuration line that turns the kernel off.
+a note naming the kernel, its plugin, the module and the configuration line that turns the kernel off; raised by the
+model's own code instead, it names the kernels bound inside the module, nearest the failing code first.
 
 Every call first checks that the kernels still serve the module as it is now: its parameters' dtype against the
 dtypes the kernels declare, and their device type against the one kernelize bound them for. A model converted or
@@ -13,6 +14,7 @@ does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
@@ -164,21 +166,154 @@ def locate_problem(ref: str) -> str | None:
 
 
 _NOTE_PREFIX = "kernels-core: "
+# How a note begins when the exception came from code no kernel replaced: each enclosing kernelized forward, which
+# sees more of the kernels that ran before, replaces it with its own.
+_OUTSIDE = "raised outside any kernel"
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    """Add ``note`` to an exception raised through a kernelized forward, once (the innermost forward's)."""
-    if any(str(n).startswith(_NOTE_PREFIX) for n in getattr(exc, "__notes__", ())):
+def _add_note(exc: BaseException, forward: _LazyForward) -> None:
+    """Note, on an exception raised through ``forward``, which kernels are involved and how to run without them.
+
+    The innermost kernelized forward's note stays when it names the kernel that raised; one saying the exception
+    came from outside any kernel is replaced by each enclosing forward's, which lists more of the kernels bound
+    inside the model (one that ran earlier may have returned a wrong shape, dtype or value).
+    """
+    import torch
+
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace this bookkeeping (it reports "Unsupported hasattr call" instead of the exception);
+        # left alone, it reports the kernel's own exception, and an eager rerun of the frame gets the note.
         return
-    if hasattr(exc, "add_note"):
-        exc.add_note(_NOTE_PREFIX + note)
+    notes = getattr(exc, "__notes__", None)
+    index = next((i for i, n in enumerate(notes or ()) if str(n).startswith(_NOTE_PREFIX)), None)
+    if index is not None and not str(notes[index]).startswith(_NOTE_PREFIX + _OUTSIDE):
+        return
+    try:
+        note = _NOTE_PREFIX + forward._failure_note(exc)
+    except Exception:  # noqa: BLE001 - the note must never replace the exception it explains
+        logger.debug("kernels-core could not describe an exception raised through %r", forward, exc_info=True)
+        return
+    if index is not None:
+        notes[index] = note
+    elif hasattr(exc, "add_note"):
+        exc.add_note(note)
     else:  # pragma: no cover - Python 3.10 has no exception notes
-        logger.error("%s%s", _NOTE_PREFIX, note)
+        logger.error("%s", note)
+
+
+def _frames(exc: BaseException) -> list[types.FrameType]:
+    """The frames an exception passed through below the one handling it now, outermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames[1:]
+
+
+def _codes(*callables: Any) -> set[types.CodeType]:
+    """The code objects of these callables' own bodies (through partials and decorators, whose wrapper code is often
+    shared by unrelated functions) or, for a callable object, of its class's ``__call__``."""
+    codes: set[types.CodeType] = set()
+    for obj in callables:
+        while isinstance(obj, functools.partial):
+            obj = obj.func
+        fn = inspect.unwrap(getattr(obj, "__func__", obj))
+        code = getattr(fn, "__code__", None)
+        if code is None and callable(obj) and not isinstance(obj, type):
+            code = getattr(type(obj).__call__, "__code__", None)
+        if isinstance(code, types.CodeType):
+            codes.add(code)
+    return codes
+
+
+def _loaded(ref: str) -> Any:
+    """``load_ref(ref)``, or None where it cannot load (a note never fails for that)."""
+    try:
+        return load_ref(ref)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _ran(frames: list[types.FrameType], codes: set[types.CodeType]) -> bool:
+    return any(frame.f_code in codes for frame in frames)
+
+
+def _qualified(prefix: str, name: str) -> str:
+    return ".".join(part for part in (prefix, name) if part)
+
+
+def _module_path(forward: _LazyForward, frames: list[types.FrameType]) -> list[tuple[str, Any]]:
+    """(qualified name, module) of the forward's module and of its sub-modules whose code the exception passed
+    through, outermost first: the last is the module whose code raised."""
+    names = {id(m): (n, m) for n, m in forward.module.named_modules()}
+    path: list[tuple[str, Any]] = []
+    for frame in frames:
+        found = names.get(id(frame.f_locals.get("self")))
+        if found is not None and (not path or path[-1][1] is not found[1]):
+            path.append((_qualified(forward.module_name, found[0]), found[1]))
+    return path
+
+
+def _kernels_of(value: object) -> list[tuple[str, str]]:
+    """(kernel id, what to say about it) of each kernel a bound forward runs."""
+    if isinstance(value, KernelForward):
+        return [(value.kernel_id, f" (plugin {value.plugin!r})" if value.plugin else "")]
+    if isinstance(value, ReroutedForward):
+        return [(o.kernel_id, f" for {o.global_name}" + (f" (plugin {o.plugin!r})" if o.plugin else ""))
+                for o in value.overrides]
+    return []
+
+
+def _bound_kernels(module: Any) -> list[tuple[str, str]]:
+    """(kernel id, what to say about it) of each kernel kernelize bound to this one module."""
+    from ._kinds._context import BINDING_ATTR
+
+    record = module.__dict__.get(BINDING_ATTR)
+    if record is None:
+        return []
+    # Records pickled before ``bound`` existed name their kernels only.
+    found = [kernel for value in getattr(record, "bound", {}).values() for kernel in _kernels_of(value)]
+    known = {kernel_id for kernel_id, _ in found}
+    # A plugin's own binding holds other objects: the record still names its kernels.
+    found.extend((kernel_id, "") for _kind, kernel_id in record.kernels if kernel_id not in known)
+    return found
+
+
+def _outside_note(forward: _LazyForward, path: list[tuple[str, Any]]) -> str:
+    """The note for an exception that no kernel of ``forward`` raised: the kernels bound inside its module, those
+    nearest the code that raised first (the likeliest to have handed it something wrong)."""
+    failing, failing_module = path[-1] if path else (forward.module_name, forward.module)
+    failing_parts = failing.split(".") if failing else []
+    ranked: list[tuple[int, int, str, str, str]] = []
+    for order, (name, module) in enumerate(forward.module.named_modules()):
+        qualified = _qualified(forward.module_name, name)
+        parts = qualified.split(".") if qualified else []
+        shared = 0
+        while shared < min(len(parts), len(failing_parts)) and parts[shared] == failing_parts[shared]:
+            shared += 1
+        # The forward's own kernels, even where it is not bound through kernelize (a copy, a test).
+        kernels = _kernels_of(forward) if module is forward.module else _bound_kernels(module)
+        ranked.extend((-shared, order, kernel_id, qualified, about) for kernel_id, about in kernels)
+    ranked.sort()
+    first: dict[str, tuple[str, str]] = {}
+    count: dict[str, int] = {}
+    for _shared, _order, kernel_id, qualified, about in ranked:
+        first.setdefault(kernel_id, (qualified, about))
+        count[kernel_id] = count.get(kernel_id, 0) + 1
+    listed = "; ".join(
+        f"{kernel_id!r}{about} on {qualified or '(model)'!r}"
+        + (f" and {count[kernel_id] - 1} other module(s)" if count[kernel_id] > 1 else "")
+        for kernel_id, (qualified, about) in first.items())
+    return (f"{_OUTSIDE}, in the code of module {failing or '(model)'!r} ({type(failing_module).__qualname__}), "
+            f"inside {forward._where()}. A kernel that ran before it may have returned a wrong shape, dtype or "
+            f"value; the kernels bound there, nearest first: {listed}; {_disable_hint(tuple(first))}")
 
 
 def _disable_hint(kernel_ids: tuple[str, ...]) -> str:
     ids = ", ".join(f'"{k}"' for k in kernel_ids)
-    return (f"to run without it, set kernels.disable = [{ids}] in kernels.toml (or in kernelize's config "
+    which = "it" if len(kernel_ids) == 1 else "them"
+    return (f"to run without {which}, set kernels.disable = [{ids}] in kernels.toml (or in kernelize's config "
             "argument), or call kernels_core.unkernelize(model)")
 
 
@@ -405,7 +540,7 @@ class _LazyForward:
     def _callable(self) -> Callable[..., Any]:
         return self._fn if self._fn is not None else _built(self)
 
-    def _failure_note(self) -> str:
+    def _failure_note(self, exc: BaseException) -> str:
         raise NotImplementedError
 
     def _where(self) -> str:
@@ -426,7 +561,7 @@ class _LazyForward:
         try:
             return (fn if fn is not None else _built(self))(*args, **kwargs)
         except Exception as exc:
-            _add_note(exc, self._failure_note())
+            _add_note(exc, self)
             raise
 
     def __getstate__(self) -> dict[str, Any]:
@@ -483,7 +618,15 @@ class KernelForward(_LazyForward):
     def _build(self) -> Callable[..., Any]:
         return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
 
-    def _failure_note(self) -> str:
+    def _failure_note(self, exc: BaseException) -> str:
+        frames = _frames(exc)
+        path = _module_path(self, frames)
+        codes = _codes(_loaded(self.impl))
+        # Not raised inside the kernel itself but in the adapter's code around it or in a sub-module it calls (a
+        # fused decoder layer adding what its MLP returned): a kernel that ran before may be at fault. An impl
+        # without Python code (a compiled op) is taken to have raised unless a sub-module did.
+        if not (_ran(frames, codes) or (not codes and all(module is self.module for _, module in path))):
+            return _outside_note(self, path)
         plugin = f" of plugin {self.plugin!r} ({self.origin})" if self.plugin else ""
         return (f"raised in kernel {self.kernel_id!r}{plugin}, bound to {self._where()} as its {self.kind} "
                 f"forward (impl {self.impl}); {_disable_hint((self.kernel_id,))}")
@@ -539,16 +682,22 @@ class ReroutedForward(_LazyForward):
                 for scoped, token in zip(reversed(self._scoped), reversed(tokens), strict=True):
                     scoped.exit_call(token)
         except Exception as exc:
-            _add_note(exc, self._failure_note())
+            _add_note(exc, self)
             raise
 
-    def _failure_note(self) -> str:
-        # The class forward runs here too: the exception may come from the model's own code or from a kernel.
+    def _failure_note(self, exc: BaseException) -> str:
+        # The class forward runs here too: the exception may come from a kernel or from the model's own code.
+        frames = _frames(exc)
+        namespace = inspect.unwrap(self._fn.__func__).__globals__ if self._fn is not None else {}
+        raised = [o for o in self.overrides
+                  if _ran(frames, _codes(_loaded(o.impl), namespace.get(o.global_name)))]
+        if not raised:
+            return _outside_note(self, _module_path(self, frames))
         kernels = ", ".join(
             f"{o.kernel_id!r} for {o.global_name}" + (f" (plugin {o.plugin!r}, {o.origin})" if o.plugin else "")
-            for o in self.overrides)
-        return (f"raised in the forward of {self._where()}, which runs with kernels {kernels} in place of the "
-                f"global functions it calls; {_disable_hint(self.kernel_ids)}")
+            for o in raised)
+        return (f"raised in kernel {kernels}, called in place of that global function by the forward of "
+                f"{self._where()}; {_disable_hint(tuple(o.kernel_id for o in raised))}")
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_scoped": ()}

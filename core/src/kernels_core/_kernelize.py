@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from dataclasses import field
@@ -46,6 +47,8 @@ from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
 from ._verified import warn_if_verified
+from ._verify import KernelChecks
+from ._verify import PluginFaults
 
 
 __all__ = ["get_report", "kernelize", "unkernelize"]
@@ -64,6 +67,9 @@ class _Planned:
     match: Match
     kernel: ProvidedKernel
     options: dict[str, object]
+    # What the kind's adapter built for this module while planning (None for global kinds: their forward is
+    # rebuilt with every rerouted global at bind time).
+    built: Any = None
 
 
 @dataclass
@@ -223,7 +229,7 @@ def _restore(module: nn.Module) -> BindingRecord | None:
 
 def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode,
           explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
-          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry]]:
+          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str]]:
     kinds = pm.layer_kinds()
     # Every name in the configuration is checked against what pm has: undeclared options raise, other names
     # (kinds, kernels, plugins, backends) warn, or raise under strict configuration, naming their source.
@@ -233,6 +239,9 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     # id(module) -> (kernel id, enclosing module name) for modules whose forward a planned kernel never calls.
     covered: dict[int, tuple[str, str]] = {}
     ctx = MatchContext(model, mode=mode)
+    # Matchers and adapters that raise, and kernels whose output does not fit their module: warned once each.
+    faults = PluginFaults()
+    checks = KernelChecks(ctx, faults)
     matchers = {}
     unusable: list[ReportEntry] = []
     for name in sorted(kinds):
@@ -253,6 +262,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 verdict = matcher(module, module_name, ctx)
             except Exception as exc:  # noqa: BLE001 - uncertain means left alone, with the reason
                 owner = provided_kind.plugin
+                faults.matcher_raised(provided_kind, module_name, module, f"{type(exc).__name__}: {exc}")
                 verdict = Decline(kind_name, f"matcher {provided_kind.kind.matcher} of plugin {owner.name!r} "
                                              f"(distribution {owner.distribution or 'unknown'}) raised "
                                              f"{type(exc).__name__}: {exc}")
@@ -281,7 +291,10 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                                       reason=f"{FOREIGN_FORWARD} ({what}); a kernel would bypass it, so the "
                                              "module is left alone"))
                 continue
-            choice = resolver.choose(verdict, target)
+            options = dict(config.kind(kind_name).options)
+            built: dict[str, Any] = {}
+            choice = resolver.choose(verdict, target, verify=functools.partial(
+                _build_checked, checks, module, module_name, provided_kind, verdict, options, built))
             if choice.kernel is None:
                 entry = _entry(module_name, verdict, target, reason=choice.reason,
                                left_to_compiler=choice.left_to_compiler)
@@ -290,8 +303,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                     unmet.append(entry)
                 continue
             plan = plans.setdefault(id(module), _ModulePlan(module_name, module))
-            planned = _Planned(module_name, module, provided_kind, verdict, choice.kernel,
-                               dict(config.kind(kind_name).options))
+            planned = _Planned(module_name, module, provided_kind, verdict, choice.kernel, options,
+                               built.get(choice.kernel.spec.id) if provided_kind.kind.target == "forward" else None)
             spec, plugin = choice.kernel.spec, choice.kernel.plugin
             # One forward per module: a forward-target kernel and rerouted globals cannot both own it.
             if plan.forward is not None:
@@ -313,7 +326,19 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             for child in verdict.bypasses:
                 for inner in module.get_submodule(child).modules():
                     covered.setdefault(id(inner), (spec.id, module_name))
-    return list(plans.values()), entries, unmet
+    faults.warn()
+    return list(plans.values()), entries, unmet, faults.strict_problems(config.strict_for)
+
+
+def _build_checked(checks: KernelChecks, module: nn.Module, name: str, kind: ProvidedKind, match: Match,
+                   options: dict[str, object], built: dict[str, Any], kernel: ProvidedKernel) -> str | None:
+    """Why ``kernel`` cannot serve the module after all, or None, keeping what the kind's adapter built for it.
+
+    The adapter builds the module's forward while planning, checked against the matcher's probe where there is
+    one: a broken adapter or a kernel returning the wrong shape falls back like an impl that does not import.
+    """
+    built[kernel.spec.id], problem = checks.build(module, name, kind, match, kernel, options)
+    return problem
 
 
 def _checked_bypasses(match: Match, module: nn.Module) -> Match | Decline:
@@ -361,8 +386,9 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
                                      f"kernel {p.kernel.spec.id} to {plan.name}: {type(exc).__name__}: {exc}") from exc
         if binding is None:
             binding = pm.default_binding(module=module, match=p.match, kernel=p.kernel.spec, forward=forward)
-            # Build now so a broken adapter or impl fails inside the transaction, not at the first forward.
-            forward._fn = _built_or_raise(forward, plan.name, module, [p])
+            # Built while planning (a broken adapter fell back there); else now, so that a failure happens inside
+            # the transaction, not at the first forward.
+            forward._fn = p.built if p.built is not None else _built_or_raise(forward, plan.name, module, [p])
         binding = _validate_binding(binding, plan.name, p.kernel.spec.id, p.kernel.plugin.name)
         _apply(module, dict(binding.attributes), ((p.kind.kind.name, p.kernel.spec.id),))
         return
@@ -412,10 +438,12 @@ def kernelize(
             one when an installed kernel of its kind declares the module's backend (or ``"any"``) and
             configuration does not disable that kernel, its plugin or the kind; such a module left without a
             kernel (variant, mode, dtype, capability, architecture, a missing requirement or a load failure ruled
-            every such kernel out) raises. A kind with no kernel for the backend at all, a kind or kernel
-            disabled by configuration, a declined module (its math differs), a module left alone because other
-            code replaced its forward, and a module covered by an enclosing module's kernel are reported, never
-            fatal. ``[kinds.<name>] strict`` applies the same rule to one kind (``false`` exempts it).
+            every such kernel out) raises, and so does broken plugin code met on the way, even where another
+            kernel took over: a matcher or adapter that raised, a kernel whose output on the matcher's probe did
+            not have the module's shape, dtype or device. A kind with no kernel for the backend at all, a kind or
+            kernel disabled by configuration, a declined module (its math differs), a module left alone because
+            other code replaced its forward, and a module covered by an enclosing module's kernel are reported,
+            never fatal. ``[kinds.<name>] strict`` applies the same rule to one kind (``false`` exempts it).
         plugin_manager: use this manager instead of the process-wide one (tests, embedding frameworks).
 
     Raises:
@@ -443,10 +471,15 @@ def kernelize(
         return model
     _check_untouched(model, "kernelize")
     explicit = _explicit_target(device, pm.backends()) if device is not None else None
-    plans, entries, unmet = _plan(model, pm, cfg, resolved_mode, explicit)
-    if unmet:
-        details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
-        raise KernelizeError(f"strict kernelize: {len(unmet)} matched module(s) got no kernel: {details}")
+    plans, entries, unmet, broken = _plan(model, pm, cfg, resolved_mode, explicit)
+    if unmet or broken:
+        problems = []
+        if broken:
+            problems.append(f"{len(broken)} piece(s) of broken plugin code: {'; '.join(broken)}")
+        if unmet:
+            details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
+            problems.append(f"{len(unmet)} matched module(s) got no kernel: {details}")
+        raise KernelizeError(f"strict kernelize: {'. '.join(problems)}")
     undo: list[tuple[str, nn.Module, Any]] = []
     previous_report = model.__dict__.get(REPORT_ATTR, MISSING)
     try:

@@ -391,11 +391,14 @@ class KernelsPluginManager(CrossPluginChecks):
         """Why listed kernels will not (or may not) be used: kernel id -> ``(status, detail)`` pairs.
 
         Statuses: ``undetectable backend`` (no installed plugin detects the kernel's backend, so it is never
-        chosen), ``fell back`` (recorded in this process) and, with ``locate_impls``, ``impl missing`` (the
-        ``impl`` module cannot be found). Imports nothing new.
+        chosen), ``cannot run here`` (no device of its backend is present, or a capability, architecture or
+        requirement is not met: what ``kernels-core check`` skips it for), ``fell back`` (recorded in this process)
+        and, with ``locate_impls``, ``impl missing`` (the ``impl`` module cannot be found). Imports nothing new.
         """
+        from ._check import runnable_here
         from ._forward import locate_problem
 
+        backends = self.backends()
         detectable = self.detectable_backends()
         fallbacks = recorded_fallbacks()
         problems: dict[str, list[str]] = {}
@@ -407,6 +410,8 @@ class KernelsPluginManager(CrossPluginChecks):
                               f"backend {spec.backend!r} is detected by no installed plugin (detectable: "
                               f"{', '.join(sorted(detectable))}), so this kernel is never chosen; install the "
                               "plugin that drives it, or fix the backend name"))
+            elif (why := runnable_here(spec, backends)[2]):
+                found.append(("cannot run here", why))
             cause = fallbacks.get((plugin.name, spec.id))
             if cause is not None:
                 found.append(("fell back", f"passed over in this process: {cause}"))

@@ -8,6 +8,7 @@ cannot be honoured; automatic choices fall back to the next candidate and record
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata as importlib_metadata
@@ -151,14 +152,17 @@ class Resolver:
                 self.pm.note_fallback(provided, self._load_errors[spec.id])
         return self._load_errors[spec.id] or None
 
-    def choose(self, match: Match, target: Target) -> Choice:
+    def choose(self, match: Match, target: Target, *,
+               verify: Callable[[ProvidedKernel], str | None] | None = None) -> Choice:
+        """The kernel for one module, or why none; ``verify`` is a last check of a kernel that qualifies (its
+        adapter builds for the module and its output fits), returning why it cannot serve it after all."""
         kind_config = self.config.kind(match.kind)
         if not kind_config.enabled:
             return Choice(None, reason=f"disabled by config (kinds.{match.kind}.enabled = false)")
         candidates = self.kernels_for(match.kind)
         preferred = kind_config.prefer.get(target.backend or "", ()) or kind_config.prefer.get("any", ())
         if preferred:
-            return self._choose_preferred(match, target, preferred, candidates)
+            return self._choose_preferred(match, target, preferred, candidates, verify)
         problems: list[str] = []
         for provided in candidates:
             problem = self.problem(provided, match, target)
@@ -169,6 +173,8 @@ class Resolver:
                                            "module's own forward (binding it would only add guards)",
                               left_to_compiler=kernel_id)
             problem = problem or self.load_problem(provided)
+            if problem is None and verify is not None:
+                problem = verify(provided)
             if problem is None:
                 # Say why any better-ranked kernel meant for this device was passed over.
                 passed_over = [p for p in problems if "runs on backend" not in p and "disabled by config" not in p]
@@ -189,7 +195,8 @@ class Resolver:
         return "; ".join(text for p, text in zip(candidates, problems, strict=True) if self._serves_backend(p, target))
 
     def _choose_preferred(self, match: Match, target: Target, preferred: tuple[str, ...],
-                          candidates: list[ProvidedKernel]) -> Choice:
+                          candidates: list[ProvidedKernel],
+                          verify: Callable[[ProvidedKernel], str | None] | None) -> Choice:
         by_id = {p.spec.id: p for p in candidates}
         why: list[str] = []
         for kernel_id in preferred:
@@ -198,6 +205,8 @@ class Resolver:
                 why.append(f"{kernel_id}: no such kernel for kind {match.kind}")
                 continue
             problem = self.problem(provided, match, target) or self.load_problem(provided)
+            if problem is None and verify is not None:
+                problem = verify(provided)
             if problem is None:
                 return Choice(provided, note="preferred by config")
             why.append(f"{kernel_id}: {problem}")

@@ -22,16 +22,19 @@ import inspect
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._forward import decorator_chain_problem
+from .._types import Match
 
 
 __all__ = [
     "MatchContext",
+    "Probe",
     "accelerate_hooked",
     "FOREIGN_FORWARD",
     "cache_keyword",
@@ -212,6 +215,20 @@ def math_key(module: nn.Module) -> tuple[object, ...]:
     return tuple(parts)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """One probe run of what a kind's kernel replaces: the module's forward (``target="forward"`` kinds) or the global
+    function its forward calls (``target="global"``), with the inputs it got and the output it gave (eval behaviour).
+
+    kernelize runs the chosen kernel, through the kind's adapter, on the same inputs and compares the output's shape,
+    dtype and device with ``output`` (``kernels_core._verify``).
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    output: Any
+
+
 class MatchContext:
     """Per-kernelize-call state shared by matchers.
 
@@ -230,6 +247,9 @@ class MatchContext:
         self._rotary_dims: set[int] | None = None
         self._parents: dict[int, nn.Module] | None = None
         self.memo: dict[tuple[object, ...], Any] = {}
+        # (kind, id(module)) -> its probe; id(verdict) -> (verdict, probe), for modules whose verdict a memo gave.
+        self._probes: dict[tuple[str, int], Probe] = {}
+        self._probe_of_verdict: dict[int, tuple[object, Probe]] = {}
 
     def original_forward(self, module: nn.Module) -> Callable[..., Any]:
         """The forward computing the module's math before kernels-core bound anything to it.
@@ -316,6 +336,25 @@ class MatchContext:
                 m.__dict__.update(quantized.get(id(m), {}))
         return outputs
 
+    def note_probe(self, module: nn.Module, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   output: Any) -> None:
+        """Record that what layer kind ``kind`` replaces in this module returned ``output`` for ``(args, kwargs)``.
+
+        A matcher calls it after probing the original forward (or global function) on inputs its kernels take
+        too, so that kernelize can check the chosen kernel's output against it without probing again.
+        """
+        self._probes[(kind, id(module))] = Probe(tuple(args), dict(kwargs), output)
+
+    def probe_of(self, module: nn.Module, verdict: Any) -> Probe | None:
+        """The probe behind ``verdict`` (a ``Match``) for this module: its own, or that of the module whose memoized
+        verdict (the same object, for the same math) it shares; None where the kind records none."""
+        probe = self._probes.get((verdict.kind, id(module)))
+        if probe is not None:
+            self._probe_of_verdict.setdefault(id(verdict), (verdict, probe))
+            return probe
+        shared = self._probe_of_verdict.get(id(verdict))
+        return shared[1] if shared is not None and shared[0] is verdict else None
+
     def verdict(self, kind: str, module: nn.Module, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per distinct piece of math: layers sharing a math key share the probe's verdict.
 
@@ -328,6 +367,12 @@ class MatchContext:
         if key not in self.memo:
             with self.unsharded(module):
                 self.memo[key] = compute()
+            # Modules that share this verdict share its probe too (see probe_of).
+            result = self.memo[key]
+            for match in (result if isinstance(result, tuple) else (result,)):
+                probe = self._probes.get((match.kind, id(module))) if isinstance(match, Match) else None
+                if probe is not None:
+                    self._probe_of_verdict.setdefault(id(match), (match, probe))
         return self.memo[key]
 
     def generator(self, device: torch.device) -> torch.Generator:

@@ -328,6 +328,7 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
         return Decline(KIND, f"probe forward raised {type(exc).__name__}: {exc}")
     if not all(isinstance(out, torch.Tensor) for out in actual):
         return Decline(KIND, f"forward returns {type(actual[0]).__name__}, not the hidden states tensor")
+    ctx.note_probe(module, KIND, (x,), kwargs, actual[0])
     try:
         expected = ctx.run_probe(module, seeded(template))
     except Exception as exc:  # noqa: BLE001

@@ -94,6 +94,7 @@ def _classify_experts(module: nn.Module, ctx: MatchContext) -> Match | Decline:
                    else float("inf")) for a in outputs)
         return Decline("moe_experts", f"probe output differs from the routed gated-MLP reference "
                                       f"(rel. error {err:.1e}); math differs")
+    ctx.note_probe(module, "moe_experts", (x, index, weights), {}, outputs[0])
     # The kernel computes the whole routed MLP: no sub-module (an activation module) is ever called.
     return Match("moe_experts", activation, {"activation": activation, "num_experts": n_experts},
                  evidence=f"probe matches routed {activation}-gated experts",

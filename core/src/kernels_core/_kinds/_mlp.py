@@ -120,6 +120,7 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
         return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) in eval or training "
                                     f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, extra "
                                     "terms?)"))
+    ctx.note_probe(module, kind, (x,), {}, outputs[0])
     return (kind, Match(kind, layout, {"layout": layout, "activation": activation},
                         evidence=f"probe matches down({activation}(gate)*up), {layout} projections",
                         bypasses=_activation_child(module)))

@@ -99,6 +99,7 @@ def _classify_rms_norm(module: nn.Module, ctx: MatchContext) -> Match | Decline:
         return Decline("rms_norm", f"forward returns {type(actual).__name__}, not a tensor")
     if not (isinstance(actual_training, torch.Tensor) and torch.equal(actual, actual_training)):
         return Decline("rms_norm", "forward behaves differently in training (dropout or the like); left alone")
+    ctx.note_probe(module, "rms_norm", (x,), {}, actual)
     verdict = _closest_rms_norm(x, weight, eps, actual, dtype)
     if verdict is None:
         return Decline("rms_norm", "probe output matches neither w*x̂ nor (1+w)*x̂ RMSNorm; math differs")
@@ -189,6 +190,7 @@ def _classify_layer_norm(module: nn.Module, ctx: MatchContext) -> Match | Declin
         expected = _reference.layer_norm(x, weight, bias, eps=eps)
     if not all(close(actual, expected, weight.dtype) for actual in outputs):
         return Decline("layer_norm", "probe output differs from layer_norm(x) over the last dim; math differs")
+    ctx.note_probe(module, "layer_norm", (x,), {}, outputs[0])
     variant = "bias" if isinstance(bias, torch.Tensor) else "no_bias"
     return Match("layer_norm", variant, {"eps": eps}, evidence="probe matches F.layer_norm")
 

@@ -129,6 +129,7 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
                 continue
             if not (isinstance(actual, tuple) and len(actual) == 2):
                 return Decline("rotary_embedding", f"{GLOBAL_NAME} does not return (q, k)")
+            ctx.note_probe(module, "rotary_embedding", (q, k, cos, sin), {}, actual)
             half = _typed(_reference.rotary(q, k, cos, sin), q, cos, output_dtype)
             inter = _typed(_interleaved_reference(q, k, cos, sin), q, cos, output_dtype)
         if all(close(a, e, dtype) for a, e in zip(actual, half, strict=True)):
