@@ -60,12 +60,17 @@ def _dropout_model() -> torch.nn.Module:
                                torch.nn.Dropout(0.3)).train()
 
 
-def test_kernelize_leaves_another_threads_global_random_stream_alone(ref_pm, interleaved):
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+])
+def test_kernelize_leaves_another_threads_global_random_stream_alone(ref_pm, interleaved, device):
     # The kernelized model has attention dropout, so its decoder-layer probe runs dropout in training behaviour
-    # (and must see the same masks for the layer and the template) while the other thread draws its own.
-    kernelized = tiny_causal_lm("llama", attention_dropout=0.5)
-    training = _dropout_model()
-    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(0))
+    # (and must see the same masks for the layer and the template) while the other thread draws its own. On a GPU
+    # both draw from the CUDA generator (the probe used to seed and restore it too).
+    kernelized = tiny_causal_lm("llama", attention_dropout=0.5).to(device)
+    training = _dropout_model().to(device)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(0)).to(device)
     seeds = range(40)
 
     def step(seed: int) -> torch.Tensor:
