@@ -10,7 +10,6 @@ no binding and its forward never runs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import types
 from collections import Counter
@@ -34,15 +33,10 @@ transformers = pytest.importorskip("transformers")
 
 
 class _FreshNamespaces(dict):
-    """Stands in for the rerouted-namespace cache: never hits, and names each synthetic module uniquely."""
-
-    _numbers = itertools.count(10**6)
+    """Stands in for the rerouted-namespace cache: never hits, so every rebuild makes its own namespaces."""
 
     def get(self, key, default=None):
         return default
-
-    def __len__(self):
-        return next(self._numbers)
 
 
 def _count_kernel_calls(model, monkeypatch) -> Counter:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import itertools
 import logging
 import sys
+import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,8 +85,14 @@ class BindingRecord:
     bound: dict[str, object] = field(default_factory=dict)
 
 
+# Process-wide caches of objects that never change once made: imported callables, and the synthetic modules whose
+# globals rerouted forwards run with (one per distinct set of overrides, shared so that torch.compile sees one
+# globals dict per class forward). Synthetic module names come from a counter and are registered under a lock:
+# two threads building at once must never give two namespaces one name in ``sys.modules``.
 _REF_CACHE: dict[str, object] = {}
 _REROUTED_NAMESPACES: dict[tuple[object, ...], dict[str, Any]] = {}
+_REROUTED_LOCK = threading.Lock()
+_SYNTHETIC_NUMBERS = itertools.count()
 
 
 def load_ref(ref: str) -> Any:
@@ -654,9 +662,17 @@ class ReroutedForward(_LazyForward):
     """The module's class forward, re-created with some of its global names pointing at kernels.
 
     Only this instance sees the kernels: the modeling module's globals and every other instance are untouched.
+
+    A replacement that needs a fact about the call that only the caller's arguments show (the causal mask: whether
+    the model derives its position ids itself) declares ``call_facts`` (the values the fact can take),
+    ``call_fact(args, kwargs)`` and ``for_call(fact)`` (itself with the fact fixed). The forward is then built
+    once per combination of facts, and each call runs the one its arguments select: the fact travels with the
+    call, never through state another thread's call could change, and a trace sees a plain choice of function
+    made from which arguments are None.
     """
 
     _scoped: tuple[Any, ...] = ()
+    _variants: dict[tuple[object, ...], Callable[..., Any]] | None = None
 
     def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...], module_name: str = "") -> None:
         self.module = module
@@ -670,17 +686,11 @@ class ReroutedForward(_LazyForward):
         if self._probe_params is not None and self._off_declared():
             return self._fall_back(args, kwargs)
         try:
-            fn = self._callable()  # builds self._scoped too
-            if not self._scoped:
-                return fn(*args, **kwargs)
-            # A replacement may need a fact about this call that only the caller's arguments show (e.g. whether
-            # the model derives position ids itself); it records it before the forward runs and restores it after.
-            tokens = [scoped.enter_call(args, kwargs) for scoped in self._scoped]
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                for scoped, token in zip(reversed(self._scoped), reversed(tokens), strict=True):
-                    scoped.exit_call(token)
+            fn = self._callable()  # builds self._scoped and self._variants too
+            if self._scoped and self._variants is not None:
+                # A list comprehension, not a generator expression: Dynamo traces those on every supported torch.
+                fn = self._variants[tuple([scoped.call_fact(args, kwargs) for scoped in self._scoped])]
+            return fn(*args, **kwargs)
         except Exception as exc:
             _add_note(exc, self)
             raise
@@ -700,7 +710,7 @@ class ReroutedForward(_LazyForward):
                 f"{self._where()}; {_disable_hint(tuple(o.kernel_id for o in raised))}")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_scoped": ()}
+        return {**super().__getstate__(), "_scoped": (), "_variants": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -723,31 +733,55 @@ class ReroutedForward(_LazyForward):
             (o.global_name, o.impl, o.adapter, repr(sorted(o.match.params.items())), repr(sorted(o.options.items())))
             for o in self.overrides
         ))
-        namespace = _REROUTED_NAMESPACES.get(key)
-        if namespace is None:
-            # torch.compile guards a function's globals through the module named by ``__name__`` in them, so the
-            # rerouted globals must belong to a real (synthetic) module, not to a bare dict copy that claims to
-            # be the modeling module. Layers with identical overrides share one.
-            name = f"kernels_core._rerouted.m{len(_REROUTED_NAMESPACES)}"
-            synthetic = types.ModuleType(name)
-            namespace = synthetic.__dict__
-            namespace.update({k: v for k, v in base.__globals__.items() if k not in ("__name__", "__spec__",
-                                                                                     "__loader__", "__package__")})
-            namespace["__name__"] = name
-            for override in self.overrides:
-                adapter = load_ref(override.adapter)
-                namespace[override.global_name] = adapter(self.module, override.match, load_ref(override.impl),
-                                                          override.options)
-            sys.modules[name] = synthetic
-            _REROUTED_NAMESPACES[key] = namespace
-        self._scoped = tuple(namespace[o.global_name] for o in self.overrides
-                             if hasattr(namespace[o.global_name], "enter_call"))
-        rerouted = types.FunctionType(base.__code__, namespace, base.__name__, base.__defaults__, base.__closure__)
-        rerouted.__kwdefaults__ = base.__kwdefaults__
-        rerouted.__qualname__ = base.__qualname__
-        rerouted.__doc__ = base.__doc__
-        # Decorators (transformers wraps model forwards in capture_outputs and the like) keep running around it.
-        return rewrap(decorated, rerouted).__get__(self.module, type(self.module))
+
+        def replacements() -> dict[str, Any]:
+            return {o.global_name: load_ref(o.adapter)(self.module, o.match, load_ref(o.impl), o.options)
+                    for o in self.overrides}
+
+        namespace = _shared_namespace(key, base, replacements)
+        names = [o.global_name for o in self.overrides if hasattr(namespace[o.global_name], "call_facts")]
+        scoped = tuple(namespace[name] for name in names)
+        variants: dict[tuple[object, ...], Callable[..., Any]] = {}
+        for facts in itertools.product(*(replacement.call_facts for replacement in scoped)):
+            fixed = {name: replacement.for_call(fact) for name, replacement, fact in zip(names, scoped, facts,
+                                                                                          strict=True)}
+            variant = _shared_namespace((*key, facts), base, lambda fixed=fixed: {**namespace, **fixed}) if names \
+                else namespace
+            rerouted = types.FunctionType(base.__code__, variant, base.__name__, base.__defaults__, base.__closure__)
+            rerouted.__kwdefaults__ = base.__kwdefaults__
+            rerouted.__qualname__ = base.__qualname__
+            rerouted.__doc__ = base.__doc__
+            # Decorators (transformers wraps model forwards in capture_outputs and the like) keep running around it.
+            variants[facts] = rewrap(decorated, rerouted).__get__(self.module, type(self.module))
+        self._scoped, self._variants = scoped, variants
+        return next(iter(variants.values()))
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"
+
+
+def _shared_namespace(key: tuple[object, ...], base: types.FunctionType,
+                      replacements: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The globals a rerouted copy of ``base`` runs with: ``base``'s own, with ``replacements()`` put in.
+
+    torch.compile guards a function's globals through the module named by ``__name__`` in them, so the rerouted
+    globals belong to a real (synthetic) module, not to a bare dict copy that claims to be the modeling module.
+    Forwards with the same ``key`` share one, so compiled layers share their guards.
+    """
+    namespace = _REROUTED_NAMESPACES.get(key)
+    if namespace is not None:
+        return namespace
+    values = replacements()  # adapters are plugin code: run outside the lock
+    with _REROUTED_LOCK:
+        namespace = _REROUTED_NAMESPACES.get(key)
+        if namespace is None:
+            name = f"kernels_core._rerouted.m{next(_SYNTHETIC_NUMBERS)}"
+            synthetic = types.ModuleType(name)
+            namespace = synthetic.__dict__
+            namespace.update({k: v for k, v in base.__globals__.items()
+                              if k not in ("__name__", "__spec__", "__loader__", "__package__")})
+            namespace.update(values)
+            namespace["__name__"] = name
+            sys.modules[name] = synthetic
+            _REROUTED_NAMESPACES[key] = namespace
+    return namespace

@@ -269,6 +269,46 @@ def test_attention_dropout_is_matched_with_identical_random_streams(ref_pm):
     assert_close(loss, eager_loss, what="loss with attention dropout")
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_probe_compares_training_behaviour_with_live_dropout_masks(ref_pm, attention):
+    # A lookalike that averages two attention calls equals the template in eval behaviour; with dropout the two
+    # calls draw different masks, so only a training probe with live (not disabled) dropout can tell. SDPA takes
+    # the dropout inside the call, eager attention through F.dropout: the probe draws both from its own generator.
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    class TwiceAttendingLayer(LlamaDecoderLayer):
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=False, position_embeddings=None, **kwargs):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            first, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                      position_ids=position_ids, past_key_values=past_key_values,
+                                      use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+            second, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                       position_ids=position_ids, past_key_values=past_key_values,
+                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+            hidden_states = residual + (first + second) / 2
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            return residual + hidden_states
+
+    model = _model("llama", attention_dropout=0.5, attn_implementation=attention)
+    for layer in model.model.layers:
+        layer.__class__ = TwiceAttendingLayer
+    state = torch.get_rng_state()
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    assert torch.equal(torch.get_rng_state(), state), "kernelize must not move the global random stream"
+    rows = _rows(model)
+    assert rows and all(e.kernel is None and "math differs" in e.reason for e in rows), rows
+    # The same layers without dropout are indistinguishable from the template: the decline above is the masks'.
+    quiet = _model("llama", attention_dropout=0.0, attn_implementation=attention)
+    for layer in quiet.model.layers:
+        layer.__class__ = TwiceAttendingLayer
+    kernels_core.kernelize(quiet, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    assert {e.kernel for e in _rows(quiet)} == {"ref.residual_rms_norm"}, _rows(quiet)
+
+
 def test_hooked_norms_and_replaced_forwards_are_left_alone(ref_pm):
     model = _model("llama")
     model.model.layers[0].post_attention_layernorm.register_forward_hook(lambda module, args, out: None)

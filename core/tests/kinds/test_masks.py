@@ -172,3 +172,26 @@ def test_copies_stay_kernelized(model, pm):
         clone(input_ids=ids)
         _, calls = _sdpa_calls(clone, input_ids=ids)
         assert calls == [(True, True)] * model.config.num_hidden_layers
+
+
+def test_one_compiled_model_keeps_each_calls_mask_whether_positions_are_given_or_derived(model, pm):
+    # Whether the caller passed position ids selects which rerouted forward runs; under torch.compile that choice is
+    # made from which arguments are None, so one graph per choice is traced and each call gets its own mask.
+    ids = torch.randint(3, 101, (2, 7))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3]] * 2)
+    expected = {"derived": model(input_ids=ids, use_cache=False).logits,
+                "packed": model(input_ids=ids, position_ids=packed, use_cache=False).logits}
+    kernels_core.kernelize(model, mode=COMPILED, plugin_manager=pm)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=record, fullgraph=True)
+    for _ in range(2):  # the second round must reuse the first round's graphs (guards neither too loose nor stale)
+        assert_close(compiled(input_ids=ids, use_cache=False).logits, expected["derived"], what="derived positions")
+        assert_close(compiled(input_ids=ids, position_ids=packed, use_cache=False).logits, expected["packed"],
+                     what="packed positions")
+    assert len(graphs) == 2, f"{len(graphs)} graphs for two kinds of call"

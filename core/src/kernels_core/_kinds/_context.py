@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .._forward import decorator_chain_problem
 from .._types import Match
@@ -35,6 +36,7 @@ from .._types import Match
 __all__ = [
     "MatchContext",
     "Probe",
+    "ProbeRandomness",
     "accelerate_hooked",
     "FOREIGN_FORWARD",
     "cache_keyword",
@@ -229,6 +231,122 @@ class Probe:
     output: Any
 
 
+# Random functions written in C (their parameters cannot be read from Python) that take ``generator=``; Python
+# functions (``torch.nn.init``'s) are recognised by their parameters.
+_RANDOM_BUILTINS = frozenset(
+    [getattr(torch, name) for name in ("rand", "randn", "randint", "randperm", "rand_like", "randn_like",
+                                       "randint_like", "bernoulli", "normal", "multinomial", "poisson", "binomial")
+     if hasattr(torch, name)]
+    + [getattr(torch.Tensor, name) for name in ("bernoulli", "bernoulli_", "uniform_", "normal_", "random_",
+                                                "exponential_", "geometric_", "log_normal_", "cauchy_", "multinomial")
+       if hasattr(torch.Tensor, name)]
+)
+# The parameters (and defaults) of the dropout functions and of SDPA, to read their arguments however passed.
+_DROPOUT_PARAMETERS = {
+    torch.nn.functional.dropout: (("input", "p", "training", "inplace"),
+                                  {"p": 0.5, "training": True, "inplace": False}),
+    torch.dropout: (("input", "p", "train"), {}),
+}
+_SDPA_PARAMETERS = (("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+                    {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False})
+
+
+def _takes_generator(func: Callable[..., Any]) -> bool:
+    if func in _RANDOM_BUILTINS:
+        return True
+    code = getattr(func, "__code__", None)
+    return code is not None and "generator" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+
+
+def _bind(names: tuple[str, ...], defaults: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+          ) -> dict[str, Any]:
+    return {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+
+
+class ProbeRandomness(TorchFunctionMode):
+    """Within this block, random draws of this thread come from ``generator``, never from torch's default ones.
+
+    Why a probe needs it: a probe runs a module's forward in training behaviour, where dropout draws random masks,
+    and some probes compare two forwards (the module's own and a template of it) that must draw the same masks.
+    torch's default generators are process-wide: seeding one for the probe and restoring it afterwards rewinds
+    and reseeds every other thread drawing from it meanwhile (a model training with dropout while another model
+    is kernelized). Dropout and SDPA take no generator, so disabling randomness per module would be the other way,
+    but it would hide what the training run is there to show (a forward that draws its masks differently from
+    the template). Torch function modes are per thread, so this reroutes only the probing thread's calls:
+
+    - functions that take ``generator=`` (``torch.rand``, ``Tensor.bernoulli_``, ``torch.nn.init.*``, ...) get
+      ``generator`` where the caller gave none and the call is on the generator's device;
+    - ``F.dropout`` / ``torch.dropout`` in training and ``F.scaled_dot_product_attention`` with ``dropout_p > 0``
+      run as the same math with masks drawn from ``generator`` (on its device, moved to the input's).
+
+    Randomness drawn inside C++ code that calls no such function (a fused kernel seeding itself) still comes from
+    the default generators; two probe runs then differ, and the probe leaves the module alone.
+
+    Example:
+        >>> import torch
+        >>> x = torch.ones(1000)
+        >>> with ProbeRandomness(torch.Generator().manual_seed(0)):
+        ...     a = torch.nn.functional.dropout(x, 0.5)
+        >>> with ProbeRandomness(torch.Generator().manual_seed(0)):
+        ...     b = torch.nn.functional.dropout(x, 0.5)
+        >>> torch.equal(a, b) and not torch.equal(a, x)
+        True
+    """
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        # The mode is off inside this method: the calls below run as they are.
+        kwargs = kwargs or {}
+        dropout = _DROPOUT_PARAMETERS.get(func)
+        if dropout is not None:
+            bound = _bind(*dropout, args, kwargs)
+            p, training = bound["p"], bound.get("training", bound.get("train"))
+            if training and isinstance(p, (int, float)) and 0 < p <= 1:
+                return self._dropout(bound["input"], float(p), inplace=bool(bound.get("inplace", False)))
+        elif func is torch.nn.functional.scaled_dot_product_attention:
+            bound = _bind(*_SDPA_PARAMETERS, args, kwargs)
+            if isinstance(bound["dropout_p"], (int, float)) and bound["dropout_p"] > 0:
+                return self._attention(**bound)
+        elif kwargs.get("generator") is None and _takes_generator(func) and self._on_device(args, kwargs):
+            kwargs = {**kwargs, "generator": self.generator}
+        return func(*args, **kwargs)
+
+    def _on_device(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        device = kwargs.get("device")
+        if device is None:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.get_default_device())
+        device, own = torch.device(device), self.generator.device
+        return device.type == own.type and (device.index is None or own.index is None or device.index == own.index)
+
+    def _dropout(self, x: torch.Tensor, p: float, *, inplace: bool) -> torch.Tensor:
+        own = self.generator.device
+        keep = (torch.rand(x.shape, generator=self.generator, device=own) >= p).to(x.device)
+        scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+        return x.mul_(keep).mul_(scale) if inplace else x * keep * scale
+
+    def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                   dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+        # SDPA's math, with the attention weights' dropout drawn from the generator.
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            repeats = query.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(repeats, dim=-3), value.repeat_interleave(repeats, dim=-3)
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        compute = torch.promote_types(query.dtype, torch.float32)
+        scores = (query.to(compute) @ key.to(compute).transpose(-2, -1)) * scale
+        if is_causal:
+            allowed = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        if attn_mask is not None:
+            scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                      else scores + attn_mask.to(compute))
+        weights = self._dropout(scores.softmax(dim=-1), float(dropout_p), inplace=False)
+        return (weights @ value.to(compute)).to(query.dtype)
+
+
 class MatchContext:
     """Per-kernelize-call state shared by matchers.
 
@@ -314,7 +432,10 @@ class MatchContext:
     def run_probe(self, module: nn.Module, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """``fn(*args)`` with the module in eval and in training behaviour (dropout and the like show up).
 
-        A kernel replaces the forward in both modes, so both must compute the reference math.
+        A kernel replaces the forward in both modes, so both must compute the reference math. Each call draws its
+        random numbers from a generator of its own, seeded alike (:class:`ProbeRandomness`): two forwards probed
+        in the same behaviour see the same dropout masks, and torch's process-wide generators are never seeded,
+        drawn from or rewound (another thread may be training with them).
         """
         flags = [(m, m.training) for m in module.modules()]
         # bitsandbytes' quantized linears compute the same in both modes, but an eval-mode forward on a CPU with
@@ -323,13 +444,15 @@ class MatchContext:
         # compute dtype settings back, so that kernelize leaves them as the first real step would find them.
         quantized = {id(m): {k: m.__dict__[k] for k in _BNB_STATE if k in m.__dict__}
                      for m, _ in flags if type(m).__module__.startswith("bitsandbytes.")}
+        device = module_device(module) or torch.device("cpu")
         outputs = []
         try:
             with torch.no_grad():
                 for training in (False, True):
                     for m, _ in flags:
                         m.training = training or id(m) in quantized
-                    outputs.append(fn(*args))
+                    with ProbeRandomness(self.generator(device)):
+                        outputs.append(fn(*args))
         finally:
             for m, was_training in flags:
                 m.training = was_training

@@ -82,41 +82,38 @@ def _classify(module: nn.Module) -> Match | Decline:
                  evidence=f"{GLOBAL_NAME} returns no mask eagerly for unpadded causal sdpa inputs")
 
 
-class _DerivedPositions:
-    """Whether the base-model call now running was given no position ids (so it derives 0..S-1 itself)."""
-
-    __slots__ = ("derived",)
-
-    def __init__(self) -> None:
-        self.derived = False
-
-
-# One flag for the process: base-model calls do not nest, and Dynamo traces reads and writes of it like any
-# Python attribute (no graph break, no guard on data).
-_CALL = _DerivedPositions()
-
-
 class _CausalMaskOverride:
-    """``create_causal_mask`` as this model's forward sees it: ``impl(original, **kwargs, positions_derived=...)``."""
+    """``create_causal_mask`` as this model's forward sees it: ``impl(original, **kwargs, positions_derived=...)``.
 
-    def __init__(self, original: Callable[..., Any], impl: Callable[..., Any], positions_index: int | None) -> None:
+    Whether the model derives its position ids itself is a fact about the caller's arguments, which the mask
+    function does not see. It is never kept in shared state (two threads running models at once would read each
+    other's): the rerouted forward builds one copy of the model's forward per value (``for_call``) and each call
+    runs the copy its arguments select (``call_fact``), so the fact is a constant of the function that runs.
+    """
+
+    def __init__(self, original: Callable[..., Any], impl: Callable[..., Any], positions_index: int | None, *,
+                 positions_derived: bool = False) -> None:
         self.original = original
         self.impl = impl
         self.positions_index = positions_index
+        self.positions_derived = positions_derived
+        # A forward without position ids never gets any: transformers derives and checks them as it sees fit.
+        self.call_facts: tuple[bool, ...] = (False, True) if positions_index is not None else (False,)
 
-    def enter_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    def call_fact(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether the model's caller passed no position ids (the forward's own arguments, after self)."""
         index = self.positions_index
-        passed = kwargs.get("position_ids") is not None or (index is not None and len(args) > index
-                                                             and args[index] is not None)
-        previous = _CALL.derived
-        _CALL.derived = index is not None and not passed
-        return previous
+        if index is None:
+            return False
+        passed = kwargs.get("position_ids") is not None or (len(args) > index and args[index] is not None)
+        return not passed
 
-    def exit_call(self, previous: bool) -> None:
-        _CALL.derived = previous
+    def for_call(self, positions_derived: bool) -> _CausalMaskOverride:
+        return _CausalMaskOverride(self.original, self.impl, self.positions_index,
+                                   positions_derived=positions_derived)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.impl(self.original, *args, positions_derived=_CALL.derived, **kwargs)
+        return self.impl(self.original, *args, positions_derived=self.positions_derived, **kwargs)
 
 
 def _positions_index(module: nn.Module) -> int | None:
