@@ -36,6 +36,8 @@ from torch import nn
 from ._forward import load_ref
 from ._kinds._context import MatchContext
 from ._kinds._context import Probe
+from ._kinds._context import ProbeRandomness
+from ._kinds._context import probe_behaviour
 from ._manager import ENV_BLOCK
 from ._manager import RESERVED
 from ._manager import ProvidedKernel
@@ -218,18 +220,14 @@ def output_problem(module: nn.Module, built: Callable[..., Any], probe: Probe, c
     if skip is not None:
         logger.debug("kernel output check of %s skipped: %s", type(module).__qualname__, skip)
         return None
-    flags = [(m, m.training) for m in module.modules()]
-    devices = sorted({t.device.index or 0 for t in _tensors(probe.args) if t.device.type == "cuda"})
+    device = next((t.device for t in _tensors((probe.args, probe.kwargs))), torch.device("cpu"))
     try:
-        for m, _ in flags:
-            m.training = False
-        # The caller's random stream is left as it was (a dropout in the forward would draw from it).
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        # Random draws come from the probe's own generator: saving and restoring torch's process-wide one
+        # (fork_rng) would rewind another thread drawing from it meanwhile.
+        with torch.no_grad(), probe_behaviour(module) as behave, ProbeRandomness(ctx.generator(device)):
+            behave(training=False)
             actual = built(*probe.args, **probe.kwargs)
     except Exception as exc:  # noqa: BLE001 - the kernel fails on inputs the module itself takes
         return f"it raised {type(exc).__name__}: {exc} on inputs the module's own forward takes"
-    finally:
-        for m, was_training in flags:
-            m.training = was_training
     problem = _mismatch(actual, probe.output, "the output")
     return None if problem is None else f"on the probe's inputs {problem}"

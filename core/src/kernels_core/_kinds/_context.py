@@ -37,6 +37,7 @@ __all__ = [
     "MatchContext",
     "Probe",
     "ProbeRandomness",
+    "probe_behaviour",
     "accelerate_hooked",
     "FOREIGN_FORWARD",
     "cache_keyword",
@@ -347,6 +348,42 @@ class ProbeRandomness(TorchFunctionMode):
         return (weights @ value.to(compute)).to(query.dtype)
 
 
+@contextlib.contextmanager
+def probe_behaviour(module: nn.Module) -> Iterator[Callable[..., None]]:
+    """Yields ``behave(training=...)``, which puts ``module`` and its sub-modules in eval or training behaviour for a
+    probe run; on exit every sub-module's own ``training`` flag (and bitsandbytes' state below) is as it was.
+
+    bitsandbytes' quantized linears compute the same in both modes, but an eval-mode forward on a CPU with
+    AVX512-BF16 repacks a 4-bit weight for inference for good (later training forwards then skip autograd), and the
+    first forward fixes the compute dtype to its input's. They stay in training mode, and get their compute dtype
+    settings back, so that kernelize leaves them as the first real step would find them.
+
+    Example:
+        >>> from torch import nn
+        >>> layer = nn.Sequential(nn.Dropout(0.1))
+        >>> with probe_behaviour(layer) as behave:
+        ...     behave(training=False)
+        ...     layer[0].training
+        False
+        >>> layer[0].training
+        True
+    """
+    flags = [(m, m.training) for m in module.modules()]
+    quantized = {id(m): {k: m.__dict__[k] for k in _BNB_STATE if k in m.__dict__}
+                 for m, _ in flags if type(m).__module__.startswith("bitsandbytes.")}
+
+    def behave(*, training: bool) -> None:
+        for m, _ in flags:
+            m.training = training or id(m) in quantized
+
+    try:
+        yield behave
+    finally:
+        for m, was_training in flags:
+            m.training = was_training
+            m.__dict__.update(quantized.get(id(m), {}))
+
+
 class MatchContext:
     """Per-kernelize-call state shared by matchers.
 
@@ -437,26 +474,13 @@ class MatchContext:
         in the same behaviour see the same dropout masks, and torch's process-wide generators are never seeded,
         drawn from or rewound (another thread may be training with them).
         """
-        flags = [(m, m.training) for m in module.modules()]
-        # bitsandbytes' quantized linears compute the same in both modes, but an eval-mode forward on a CPU with
-        # AVX512-BF16 repacks a 4-bit weight for inference for good (later training forwards then skip autograd),
-        # and the first forward fixes the compute dtype to its input's. They stay in training mode, and get their
-        # compute dtype settings back, so that kernelize leaves them as the first real step would find them.
-        quantized = {id(m): {k: m.__dict__[k] for k in _BNB_STATE if k in m.__dict__}
-                     for m, _ in flags if type(m).__module__.startswith("bitsandbytes.")}
         device = module_device(module) or torch.device("cpu")
         outputs = []
-        try:
-            with torch.no_grad():
-                for training in (False, True):
-                    for m, _ in flags:
-                        m.training = training or id(m) in quantized
-                    with ProbeRandomness(self.generator(device)):
-                        outputs.append(fn(*args))
-        finally:
-            for m, was_training in flags:
-                m.training = was_training
-                m.__dict__.update(quantized.get(id(m), {}))
+        with torch.no_grad(), probe_behaviour(module) as behave:
+            for training in (False, True):
+                behave(training=training)
+                with ProbeRandomness(self.generator(device)):
+                    outputs.append(fn(*args))
         return outputs
 
     def note_probe(self, module: nn.Module, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -62,19 +62,6 @@ def _gate_up(module: nn.Module, layout: str, x: torch.Tensor) -> tuple[torch.Ten
     return gate, up
 
 
-def _seeded(fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
-    """``fn`` run from one fixed random state (CPU, and the module's CUDA device), the caller's state restored."""
-    def run(*args: Any) -> Any:
-        cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" \
-            else []
-        with torch.random.fork_rng(devices=cuda):
-            torch.random.default_generator.manual_seed(1234)
-            for index in cuda:
-                torch.cuda.default_generators[index].manual_seed(1234)
-            return fn(*args)
-    return run
-
-
 def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Decline] | None:
     """(kind, verdict) for a module shaped like a gated MLP, else None."""
     layout = _layout(module)
@@ -106,9 +93,9 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
 
     try:
         # The projections run in both (the adapter calls them): dropout inside them (PEFT LoRA) draws the same
-        # masks in the same order when both start from the same random state.
-        outputs = ctx.run_probe(module, _seeded(ctx.original_forward(module), weight.device), x)
-        references = ctx.run_probe(module, _seeded(reference, weight.device), x)
+        # masks in the same order: run_probe gives each run its own generator, seeded alike.
+        outputs = ctx.run_probe(module, ctx.original_forward(module), x)
+        references = ctx.run_probe(module, reference, x)
     except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
         return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
     expected = references[0]
