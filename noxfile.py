@@ -39,19 +39,22 @@ DOCS_PACKAGES = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8
 
 ROOT = Path(__file__).parent
 # What each session installs (beyond pytest) and which test folders it runs. Each vendor gets the core and
-# its own packages only, so an import of another vendor's code or an undeclared dependency fails here.
+# its own packages only, so an import of another vendor's code or an undeclared dependency fails here. A package
+# whose tests a session runs is installed with its `test` extra (core/tests/test_test_extras.py checks this).
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
-    "core": (["./core[test]", "./examples/example-plugin"],
+    "core": (["./core[test]", "./examples/example-plugin[test]"],
              ["core/tests", "examples/example-plugin/tests", "--ignore=core/tests/integrations"]),
-    "cuda": (["./core[test]", "./triton-adapters", "./plugins-cuda"], ["triton-adapters/tests", "plugins-cuda/tests"]),
-    "rocm": (["./core[test]", "./triton-adapters", "./plugins-rocm"], ["plugins-rocm/tests"]),
+    "cuda": (["./core[test]", "./triton-adapters[test]", "./plugins-cuda[test]"],
+             ["triton-adapters/tests", "plugins-cuda/tests"]),
+    "rocm": (["./core[test]", "./triton-adapters", "./plugins-rocm[test]"], ["plugins-rocm/tests"]),
     # Both GPU plugins in one venv (a machine may have both installed): each claims only its own torch build's
     # devices. A venv of its own, so the rocm and cuda venvs still catch an import of the other vendor.
-    "rocm+cuda": (["./core[test]", "./triton-adapters", "./plugins-rocm", "./plugins-cuda"],
+    "rocm+cuda": (["./core[test]", "./triton-adapters", "./plugins-rocm[test]", "./plugins-cuda"],
                   ["plugins-rocm/tests/test_with_cuda_plugin.py"]),
     "npu": (["./core[test]", "./plugins-npu[test]"], ["plugins-npu/tests"]),
-    # The trainer integrations (transformers Trainer, TRL, PEFT, accelerate) with the core's portable kernels.
-    "integrations": (["./core[test,trl,peft]"],
+    # The trainer integrations (transformers Trainer, TRL, PEFT, QLoRA through bitsandbytes' CPU 4-bit, accelerate)
+    # with the core's portable kernels.
+    "integrations": (["./core[test,trl,peft,qlora]"],
                      ["core/tests/integrations", "--ignore=core/tests/integrations/llamafactory"]),
     # LLaMA-Factory v1 (llamafactory 0.9.5) pins transformers <= 5.6, so it gets a venv of its own, with what
     # PYPI_PINS lists; the core's matching (kinds/) and distributed tests run again there, on transformers 5.6.

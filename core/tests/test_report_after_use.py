@@ -71,13 +71,13 @@ def _declared(pm) -> dict[str, tuple[str, ...]]:
 # --- Wrappers: PEFT holds the kernelized model as a sub-module ---------------------------------------------------
 
 def _lora():
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="PEFT is an optional extra (kernels-core[peft])")
     # Non-zero LoRA weights, on projections the kernels call as sub-modules (attention, gated MLP).
     return peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False)
 
 
 def test_unkernelize_through_a_peft_wrapper_clears_the_inner_report(ref_pm, calls):
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="PEFT is an optional extra (kernels-core[peft])")
     model = tiny_causal_lm("llama")
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
     report = kernels_core.get_report(model)
@@ -100,7 +100,7 @@ def test_unkernelize_through_a_peft_wrapper_clears_the_inner_report(ref_pm, call
 
 
 def test_a_report_on_a_peft_wrapper_stays_true_through_merge_and_unkernelize(ref_pm, calls):
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="PEFT is an optional extra (kernels-core[peft])")
     model = tiny_causal_lm("llama")
     kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_pm)
     wrapped = peft.get_peft_model(model, _lora())

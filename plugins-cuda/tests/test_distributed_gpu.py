@@ -144,7 +144,7 @@ def test_lora_under_fsdp2(device):
     the fused loss trains lm_head's adapter."""
     if reason := _skip_reason(device, distributed=True):
         pytest.skip(reason)
-    pytest.importorskip("peft")
+    pytest.importorskip("peft", reason="the LoRA checks need PEFT (installed with kernels-cuda[test])")
     stdout = _run(["lora_worker.py", "--device", device], torchrun=True)
     assert stdout.count(": OK;") == 6, stdout
 

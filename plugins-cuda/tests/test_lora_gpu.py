@@ -37,7 +37,7 @@ import torch
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA build of torch); CI is CPU-only"
 )
-peft = pytest.importorskip("peft")
+peft = pytest.importorskip("peft", reason="the LoRA checks need PEFT (installed with kernels-cuda[test])")
 pytest.importorskip("transformers")
 
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -42,3 +42,12 @@ def test_batches_up_to_the_target_take_one_chunk(n_tokens, vocab, hidden):
 def test_huge_batches_keep_at_least_liger_default():
     # Far more tokens than the vocabulary: the formula's budget falls below 1 and Liger's default applies.
     assert _loss._chunk_mem_const(1 << 22, 32000, 8192) == 1
+
+
+@pytest.mark.parametrize(("n_tokens", "vocab", "hidden"), [(8192, 151936, 1024), (8192, 262208, 2560), (37, 101, 16),
+                                                           (2049, 151936, 1024), (256, 1024, 16)])
+def test_chunk_count_follows_liger(n_tokens, vocab, hidden):
+    # The adapter asks Liger for float32 accumulation exactly when Liger will take more than one chunk.
+    const = _loss._chunk_mem_const(n_tokens, vocab, hidden)
+    rows = _liger_chunk_rows(n_tokens, vocab, hidden, const)
+    assert _loss._liger_chunks(n_tokens, vocab, hidden, const) == math.ceil(n_tokens / rows)

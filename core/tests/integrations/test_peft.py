@@ -27,7 +27,7 @@ from kernels_core.testing import assert_close
 from kernels_core.testing import tiny_causal_lm
 
 
-peft = pytest.importorskip("peft")
+peft = pytest.importorskip("peft", reason="PEFT is an optional extra (kernels-core[peft])")
 pytest.importorskip("transformers")
 
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -269,11 +269,7 @@ def test_quantized_head_is_declined_or_falls_back(pm):
 
 
 def _bnb_or_skip():
-    try:
-        import bitsandbytes
-    except ImportError as exc:
-        pytest.skip(f"bitsandbytes is not installed ({exc})")
-    return bitsandbytes
+    return pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (kernels-core[qlora])")
 
 
 @pytest.fixture(scope="module")

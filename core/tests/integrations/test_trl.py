@@ -20,8 +20,9 @@ from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import tiny_causal_lm
 
 
-trl = pytest.importorskip("trl")
-datasets = pytest.importorskip("datasets")
+REASON = "needs kernels-core's trl extra (nox -s \"tests(vendor='integrations')\" installs it)"
+trl = pytest.importorskip("trl", reason=REASON)
+datasets = pytest.importorskip("datasets", reason=REASON)
 
 from kernels_core.integrations.transformers import KernelizeCallback  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402

@@ -11,9 +11,13 @@ import re
 import kernels_core
 import pytest
 import torch
+from kernels_core import KernelSpec
 from kernels_core import Mode
+from kernels_core import Supports
 from kernels_core.testing import FAMILIES
 from kernels_core.testing import assert_close
+from kernels_core.testing import fresh_plugin_manager
+from kernels_core.testing import reference
 from kernels_core.testing import tiny_causal_lm
 
 
@@ -220,3 +224,112 @@ def test_norm_casting_found_in_float32_holds_in_bfloat16(family, casting, ref_pm
                                   plugin_manager=ref_pm)
     norms = [m for m in half.modules() if type(m).__name__.endswith("RMSNorm") and "forward" in m.__dict__]
     assert all(m.forward.match.params["casting"] == casting for m in norms), f"{family}: wrong bf16 casting"
+
+
+# Small parameters (norm weights and biases, an activation's learnable scalars): each gradient is a sum over every
+# token, so a kernel that reduced it in half precision, or that rescaled the gradient reaching it, would show here
+# first. Apertus's MLP activation, xIELU, learns two scalars (alpha_p, alpha_n); Phi and StarCoder2 add LayerNorm and
+# linear biases (Phi's head has one).
+SMALL_PARAMETER_FAMILIES = [*sorted(FAMILIES), "apertus", "phi", "starcoder2"]
+# Gradient accumulation over three micro-batches: the loss's upstream gradient is 1/3, which bfloat16 rounds.
+ACCUMULATION = 1 / 3
+
+
+def _small_parameter_errors(family, plugin_manager, *, batches=2):
+    """{name: (eager error, kernelized error)} of every parameter with at most one dimension, in bfloat16.
+
+    The error is ``||g - g32|| / ||g32||`` over the gradients of all ``batches`` together, against the float32 model
+    with the same (bfloat16-rounded) weights: one batch alone can have a near-zero gradient (xIELU's scalars sum
+    terms of both signs), whose relative error is then all noise.
+    """
+    try:
+        reference = tiny_causal_lm(family, **TINY_OVERRIDES.get(family, {}))
+    except Exception as exc:  # pragma: no cover - depends on the installed transformers
+        pytest.skip(f"{family} cannot be built from a tiny config with this transformers: {exc}")
+    state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in reference.state_dict().items()}
+    reference.load_state_dict(state)  # float32 holding the bfloat16 values: only the arithmetic differs
+    eager = tiny_causal_lm(family, dtype=torch.bfloat16, **TINY_OVERRIDES.get(family, {}))
+    eager.load_state_dict(state)
+    kernelized = tiny_causal_lm(family, dtype=torch.bfloat16, **TINY_OVERRIDES.get(family, {}))
+    kernelized.load_state_dict(state)
+    kernels_core.kernelize(kernelized, mode=Mode.TRAINING, plugin_manager=plugin_manager)
+    grads = {which: {} for which in ("fp32", "eager", "kernelized")}
+    for batch in range(batches):
+        torch.manual_seed(10 + batch)
+        ids = torch.randint(3, 100, (4, 63))
+        for which, model in (("fp32", reference), ("eager", eager), ("kernelized", kernelized)):
+            model.train()
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(3)
+            (model(input_ids=ids, labels=ids).loss * ACCUMULATION).backward()
+            for name, p in model.named_parameters():
+                if p.dim() <= 1 and p.grad is not None:
+                    grads[which].setdefault(name, []).append(p.grad.detach().double().flatten())
+    errors = {}
+    for name, parts in grads["fp32"].items():
+        truth = torch.cat(parts)
+        errors[name] = tuple(float((torch.cat(grads[which][name]) - truth).norm() / truth.norm())
+                             for which in ("eager", "kernelized"))
+    assert errors, f"{family}: no small parameters"
+    return errors
+
+
+def _assert_as_close_as_eager(family, errors):
+    for name, (eager_error, kernel_error) in errors.items():
+        # Factor 2: the bound this file allows any gradient that passes back through every layer. Floor: 2**-8,
+        # bfloat16's largest relative rounding error, for one rounding more than eager's: the portable loss rounds
+        # its stored gradient once in the forward and once more when it scales it in backward.
+        assert kernel_error <= 2 * eager_error + 2**-8, \
+            f"{family} {name}: gradient error {kernel_error:.2e} vs float32, eager's {eager_error:.2e} (bfloat16)"
+
+
+@pytest.mark.parametrize("family", SMALL_PARAMETER_FAMILIES)
+def test_small_parameter_gradients_are_as_close_to_float32_as_eager(family, pm):
+    """bfloat16 training with the kernels kernelize picks here: norm weights, biases and xIELU's scalars get
+    gradients as close to the float32 model's as eager's, with the loss's upstream gradient (1/3) applied in
+    float32."""
+    _assert_as_close_as_eager(family, _small_parameter_errors(family, pm))
+
+
+class _WeightGradSummedRowByRow(torch.autograd.Function):
+    """The reference RMSNorm, but its backward sums the weight gradient one row at a time in the weight's dtype: the
+    kind of defect the small-parameter check exists for."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, offset, casting):
+        ctx.save_for_backward(x, weight)
+        ctx.options = {"eps": eps, "offset": offset, "casting": casting}
+        return reference.rms_norm(x, weight, **ctx.options)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        rows = x.reshape(-1, x.shape[-1]).detach().requires_grad_()
+        per_row = weight.detach().expand_as(rows).clone().requires_grad_()
+        with torch.enable_grad():
+            y = reference.rms_norm(rows, per_row, **ctx.options)
+            dx, dw_rows = torch.autograd.grad(y, (rows, per_row), dy.reshape(rows.shape))
+        dw = torch.zeros_like(weight)
+        for row in dw_rows:
+            dw = dw + row  # rounded to the weight's dtype at every step
+        return dx.reshape(x.shape), dw, None, None, None
+
+
+def rms_norm_summing_rows_in_half_precision(x, weight, *, eps, offset, casting):
+    return _WeightGradSummedRowByRow.apply(x, weight, eps, offset, casting)
+
+
+class _HalfPrecisionSumPlugin:
+    @staticmethod
+    @kernels_core.hookimpl
+    def kernels_core_kernels():
+        return (KernelSpec(id="test.rms_norm.row_sums", kind="rms_norm", variants=("standard", "offset"),
+                           backend="any", impl=f"{__name__}:rms_norm_summing_rows_in_half_precision", priority=60,
+                           supports=Supports.BACKWARD, dtypes=("float16", "bfloat16", "float32")),)
+
+
+@pytest.mark.parametrize("family", ["llama", "apertus"])
+def test_the_small_parameter_check_catches_a_weight_gradient_summed_in_half_precision(family):
+    errors = _small_parameter_errors(family, fresh_plugin_manager((_HalfPrecisionSumPlugin, "row_sums")))
+    with pytest.raises(AssertionError, match="gradient error"):
+        _assert_as_close_as_eager(family, errors)

@@ -260,3 +260,43 @@ def test_under_autocast_matches_eager_autocast():
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
     for a, e in zip(actual_grads, expected_grads, strict=True):
         assert_close(a, e, torch.bfloat16, "autocast")  # float32 grads, but bfloat16 GEMMs on both sides
+
+
+def _scale_error(grad: torch.Tensor, truth: torch.Tensor) -> float:
+    """How far the least-squares factor between ``grad`` and ``truth`` is from 1: a rescaling of the whole gradient,
+    which rounding noise (of either sign, element by element) hardly moves."""
+    grad, truth = grad.double(), truth.double()
+    return abs((grad * truth).sum().item() / (truth * truth).sum().item() - 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("upstream", [1 / 3, 1 / 7], ids=["times_1_3", "times_1_7"])
+def test_upstream_gradient_scales_the_stored_gradients_in_float32(dtype, upstream):
+    """Gradient accumulation multiplies the loss by 1/steps: that upstream gradient must scale the gradients stored
+    in the forward in float32, as eager's backward does. Rounded to the model dtype first, it rescales every gradient
+    of the model by ``delta`` (0.20% in bfloat16 for 1/3 and 1/7). Element-wise both round, so the bound is on the
+    least-squares factor against float64: within ``delta / 2`` of eager's (ours rounds twice, stored then scaled,
+    which moved it by at most a third of ``delta`` in these runs)."""
+    delta = abs(torch.tensor(upstream).to(dtype).double().item() / upstream - 1)
+    assert delta > 2**-13, "the upstream gradient must be one the dtype rounds noticeably"
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(256, 64, generator=generator).to(dtype)
+    weight = (torch.randn(97, 64, generator=generator) / 8).to(dtype)
+    labels = torch.randint(0, 97, (256,), generator=generator)
+    labels[:7] = IGNORE
+
+    def grads(loss_fn, cast: torch.dtype) -> tuple[torch.Tensor, ...]:
+        leaves = [hidden.to(cast).requires_grad_(), weight.to(cast).requires_grad_()]
+        return torch.autograd.grad(loss_fn(*leaves) * upstream, leaves)
+
+    def eager(h, w):
+        return F.cross_entropy(F.linear(h, w).float(), labels, ignore_index=IGNORE)
+
+    def ours(h, w):
+        return fused_linear_cross_entropy(h, w, labels, ignore_index=IGNORE, chunk_size=64)
+
+    truth, expected, actual = grads(eager, torch.float64), grads(eager, dtype), grads(ours, dtype)
+    for name, a, e, t in zip(("hidden", "weight"), actual, expected, truth, strict=True):
+        ours_off, eager_off = _scale_error(a, t), _scale_error(e, t)
+        assert ours_off <= eager_off + delta / 2, \
+            f"{name}: gradient rescaled by {ours_off:.2e} (eager {eager_off:.2e}; scale rounding {delta:.2e})"

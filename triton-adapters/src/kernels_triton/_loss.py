@@ -6,6 +6,11 @@ with a fake (meta) implementation and an autograd formula makes it opaque to Dyn
 compiles with ``fullgraph=True`` without graph breaks and Inductor never autotunes Liger's Triton code (which
 crashed with an illegal memory access when Liger's own patching was compiled).
 
+Gradient precision as eager's: Liger accumulates the head weight's (and bias's) gradient across its token chunks in the
+parameter dtype unless asked otherwise, so with more than one chunk it is asked for float32 (one rounding at the end,
+as eager's single product); and the loss's upstream gradient scales the stored gradients in float32 (see
+:func:`_scale`).
+
 Liger reads the count of labelled tokens on the host (``.item()``): one host sync per training step. A kernel of
 this package's own that kept the count on the device measured within noise at model level (H100, kernelized
 training step; ``benchmarks/results/configs-ab-h100.json``, run ``own-loss``: Qwen3-0.6B 0.99x, Mixtral-8x7B
@@ -38,9 +43,29 @@ _warmup.start("liger_kernel.ops.fused_linear_cross_entropy")
 _CHUNK_ROWS = 2048
 
 
+# Elements per float32 scratch block when backward scales a half-precision gradient (64 MiB).
+_SCALE_BLOCK = 2**24
+
+
 def _chunk_mem_const(n_tokens: int, vocab: int, hidden: int) -> int:
     """Liger's ``chunk_mem_const`` for chunks of about ``_CHUNK_ROWS`` rows (one chunk when there are fewer)."""
     return max(1, -(-vocab * _CHUNK_ROWS // max(1, n_tokens * hidden)))
+
+
+def _liger_chunks(n_tokens: int, vocab: int, hidden: int, chunk_mem_const: int) -> int:
+    """How many token chunks Liger's fused linear cross-entropy takes (its own sizing rule, liger-kernel 0.8.5).
+
+    Example:
+        >>> _liger_chunks(8192, 151936, 1024, _chunk_mem_const(8192, 151936, 1024))
+        4
+        >>> _liger_chunks(100, 151936, 1024, _chunk_mem_const(100, 151936, 1024))
+        1
+    """
+    if n_tokens <= 0:
+        return 1
+    inc_factor = -(-vocab // (chunk_mem_const * hidden))
+    chunk = min(1 << max(0, (-(-n_tokens // inc_factor) - 1).bit_length()), n_tokens)
+    return -(-n_tokens // chunk)
 
 
 def _flce_fake(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
@@ -61,6 +86,12 @@ def _flce(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
     from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 
     needs_grad = grad_hidden or grad_weight or (bias is not None and grad_weight)
+    # Liger sums the weight and bias gradients over its token chunks in their own dtype unless given accum_dtype:
+    # in half precision that rounds once per chunk where eager's single product rounds once. float32 then, cast
+    # once at the end; it holds a float32 [V, H] accumulator instead of one in the weight's dtype (twice the
+    # bytes, during the loss's forward). One chunk needs no accumulator of another dtype.
+    low_precision = weight.dtype in (torch.float16, torch.bfloat16)
+    several = _liger_chunks(hidden_states.shape[0], weight.shape[0], weight.shape[1], chunk_mem_const) > 1
     loss, _, _, _, g_hidden, g_weight, g_bias = fused_linear_cross_entropy_forward(
         _input=hidden_states.contiguous(),
         weight=weight.contiguous(),
@@ -72,6 +103,7 @@ def _flce(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
         compute_gradients=needs_grad,
         weight_requires_grad=grad_weight,
         chunk_mem_const=chunk_mem_const,
+        accum_dtype=torch.float32 if (grad_weight and low_precision and several) else None,
     )
     # Custom-op outputs may not alias each other: one fresh empty tensor per unused slot.
     return (
@@ -95,8 +127,27 @@ def _setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
 
 
 def _scale(grad: torch.Tensor, grad_loss: torch.Tensor, *, in_place: bool) -> torch.Tensor:
-    scale = grad_loss.to(grad.dtype)
-    return grad.mul_(scale) if in_place else grad * scale
+    """``grad * grad_loss``, the product in float32 and rounded to ``grad``'s dtype once.
+
+    Eager backward multiplies the upstream gradient into the float32 logits gradient before anything is rounded.
+    Rounding ``grad_loss`` to bfloat16 first (it is ``1 / num_items_in_batch`` here whenever that is given) would
+    scale every gradient of the model by the same wrong factor, off by up to 2**-8. In place (eagerly), half-precision
+    gradients go through float32 in blocks of :data:`_SCALE_BLOCK` elements, so the scratch stays small beside a
+    ``[V, H]`` weight gradient; traced, Inductor fuses the casts into one pass.
+
+    Example:
+        >>> _scale(torch.full((2,), 3.0, dtype=torch.bfloat16), torch.tensor(0.5), in_place=False).tolist()
+        [1.5, 1.5]
+    """
+    scale = grad_loss.to(device=grad.device, dtype=torch.float32)
+    if grad.dtype in (torch.float32, torch.float64):
+        scale = scale.to(grad.dtype)
+        return grad.mul_(scale) if in_place else grad * scale
+    if not in_place:
+        return (grad.float() * scale).to(grad.dtype)
+    for block in grad.view(-1).split(_SCALE_BLOCK):  # Liger's gradients are fresh contiguous tensors
+        block.copy_(block.float().mul_(scale))
+    return grad
 
 
 def _backward(ctx: object, grad_loss: torch.Tensor, *_: torch.Tensor) -> tuple:
@@ -132,8 +183,8 @@ def fused_linear_cross_entropy(
     """Cross-entropy of ``hidden_states @ weight.T (+ bias)`` against already-shifted ``labels``, in float32.
 
     Without ``num_items_in_batch`` Liger's ``mean`` reduction divides by the non-ignored rows inside the kernel,
-    in float32. With it, Liger sums and the division happens here; its gradient then reaches Liger's stored
-    gradients as one scalar in the parameter dtype (a uniform relative error of at most 2**-9 in bfloat16).
+    in float32. With it, Liger sums and the division happens here; its gradient then scales Liger's stored
+    gradients in float32 (one rounding per element, as eager's).
 
     Example:
         >>> import torch
