@@ -77,8 +77,8 @@ def linear_operands(module: nn.Module, name: str = "lm_head", *, hooks: bool = T
         problem = plain_weight_problem(module.weight, f"{name}'s weight")
         if problem:
             return problem
-        weight, bias = module.weight, module.bias
-        return lambda hidden: (hidden, weight, bias)
+        # Read when the kernel runs, not now: FSDP2 swaps the sharded parameters for the gathered ones in between.
+        return lambda hidden: (hidden, module.weight, module.bias)
     lora = _peft_class("peft.tuners.lora.layer", "Linear")
     if lora is not None and type(module) is lora:
         return _lora_operands(module, name, hooks)
