@@ -228,17 +228,19 @@ def _liger_patches_undone():
         modeling_qwen3.Qwen3ForCausalLM.forward = forward
 
 
-def _liger(path: str, case: str, batches: list) -> dict | None:
+def _liger(path: str, case: str, batches: list) -> dict | str | None:
+    """Liger's run, or why it failed (a comparison only: its failure is printed, not the test's), or None."""
     if importlib.util.find_spec("liger_kernel") is None:
         return None
     from liger_kernel.transformers import apply_liger_kernel_to_qwen3
 
-    with _liger_patches_undone():
-        base = _load(path, case, torch.bfloat16)
-        apply_liger_kernel_to_qwen3(model=base)
-        result = _train(_peft(base, case, dropout=0.05), batches)
-    del base
-    return result
+    try:
+        with _liger_patches_undone():
+            base = _load(path, case, torch.bfloat16)
+            apply_liger_kernel_to_qwen3(model=base)
+            return _train(_peft(base, case, dropout=0.05), batches)
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _head_trained(result: dict) -> str:
@@ -260,7 +262,8 @@ def test_speed_and_memory_against_plain_peft_and_liger(case, checkpoints):
     del model, kernelized
     torch.cuda.empty_cache()
     liger = _liger(path, case, batches)
-    if liger is not None:
+    torch.cuda.empty_cache()
+    if isinstance(liger, dict):
         results["liger"] = liger
     plain = results["plain PEFT"]
     lines = [f"\n{case} on {torch.cuda.get_device_name()}, bf16, Qwen3-0.6B shape (8 layers), 4 x 1024 tokens:",
@@ -271,6 +274,10 @@ def test_speed_and_memory_against_plain_peft_and_liger(case, checkpoints):
                      f"{r['peak_gib']:>10.2f}{r['peak_gib'] / plain['peak_gib']:>9.2f}x{r['losses'][-1]:>11.4f}"
                      f"  {_head_trained(r)}")
     lines.append(f"kernels-core kernels: {sorted(k for k, v in applied.items() if v)}")
+    if isinstance(liger, str):
+        lines.append(f"liger failed: {liger}")
+    elif liger is None:
+        lines.append("liger: not installed")
     print("\n".join(lines))
     out = os.environ.get("KERNELS_LORA_GPU_OUT")
     if out:

@@ -204,7 +204,7 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             return original(*args, **kwargs)
         # lm_head as it is now: PEFT may have wrapped it after kernelize (LoRA, modules_to_save), and its .weight
         # would then be the frozen base layer's; a head the kernel cannot reproduce runs the model's own forward.
-        head = linear_operands(module.lm_head)
+        head = linear_operands(module.lm_head, hooks=False)
         if isinstance(head, str):
             if head not in warned:
                 warned.add(head)

@@ -61,10 +61,10 @@ BINDING_ATTR = "_kernels_core_binding"
 # Relative error (max |a-b| / max |b|) below which a probe counts as the same math. Generous enough for the
 # module computing in a different order than the reference, tight enough that a (1 + w) offset, a different
 # activation or a missing multiplier (errors of order 1) never passes.
+_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
 # What a bitsandbytes linear's first forward sets for good (see MatchContext.run_probe).
 _BNB_STATE = ("compute_dtype", "compute_type_is_set")
-
-_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def tolerance(dtype: torch.dtype) -> float:

@@ -116,10 +116,10 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
     if isinstance(arguments, str):
         raise TypeError(f"{type(module).__name__}: {arguments}")
     names, defaults = arguments.positional, dict(arguments.defaults)
-    # The kernel reads post_attention_layernorm's weight without calling it. Something that replaces or hooks the
-    # norm after kernelize (fully_shard of the norm alone, an activation hook, an unknown wrapper) would be
-    # bypassed: then the layer runs its own forward, checked at every call (a type test and two dict lookups).
-    # PEFT's modules_to_save runs a trainable copy of the norm, whose weight the kernel then reads.
+    # The kernel reads post_attention_layernorm's weight without calling it. A module put in the norm's place after
+    # kernelize (an unknown wrapper, fully_shard of the norm alone) would be bypassed: then the layer runs its own
+    # forward, checked at every call (a type test). PEFT's modules_to_save runs a trainable copy of the norm, whose
+    # weight the kernel then reads. Hooks are judged at kernelize time only: DeepSpeed ZeRO-3 hooks every module.
     norm_type = type(module.post_attention_layernorm)
     plain = plain_class_forward(module)
     warned: list[str] = []  # for this binding
@@ -128,14 +128,13 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         norm = self.post_attention_layernorm
         if type(norm) is not norm_type:
             norm = wrapped_module(norm) or norm
-        if type(norm) is not norm_type or norm._forward_hooks or norm._forward_pre_hooks:
+        if type(norm) is not norm_type:
             if not warned:
-                what = (f"is now {type(norm).__name__}" if type(norm) is not norm_type else "has forward hooks")
-                warned.append(what)
+                warned.append(type(norm).__name__)
                 warnings.warn(f"kernels-core: the fused residual add + RMSNorm of {type(self).__name__} falls back "
-                              f"to the layer's own forward: its post_attention_layernorm {what} (wrapped, sharded or "
-                              "hooked after kernelize), and the kernel would read its weight without calling it",
-                              KernelFallbackWarning, stacklevel=2)
+                              f"to the layer's own forward: its post_attention_layernorm is now "
+                              f"{type(norm).__name__} (replaced after kernelize), and the kernel would read its "
+                              "weight without calling it", KernelFallbackWarning, stacklevel=2)
             return plain(self, hidden_states, *args, **kwargs)
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__}.forward takes {len(names) + 1} positional arguments "

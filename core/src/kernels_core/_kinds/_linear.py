@@ -11,7 +11,7 @@ layer computes ``x W^T + b + sum_a s_a * (drop_a(x) A_a^T) B_a^T`` while exposin
 operands exist. LoRA is exact this way: ``[x, s * A drop(x)] @ [W, B]^T = x W^T + s * (drop(x) A^T) B^T``, so the
 kernel trains ``B`` through the concatenated weight's gradient and ``A`` through the extra hidden columns, with the
 dropout masks drawn in the same order as PEFT's forward. The check is cheap (type and dict lookups) and runs at
-every fused call, so a wrapper applied after kernelize is seen.
+every fused call, so a wrapper applied after kernelize is seen (hooks are judged at kernelize time only).
 
 Example:
     >>> import torch
@@ -53,8 +53,8 @@ def plain_weight_problem(tensor: object, what: str) -> str | None:
     return None
 
 
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+def _hooked(module: nn.Module, hooks: bool) -> bool:
+    return hooks and bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def _peft_class(module_name: str, class_name: str) -> type | None:
@@ -64,23 +64,27 @@ def _peft_class(module_name: str, class_name: str) -> type | None:
     return value if isinstance(value, type) else None
 
 
-def linear_operands(module: nn.Module, name: str = "lm_head") -> Operands | str:
-    """``hidden -> (hidden', weight', bias')`` reproducing ``module(hidden)`` as one ``F.linear``, or why not."""
-    if _hooked(module):
+def linear_operands(module: nn.Module, name: str = "lm_head", *, hooks: bool = True) -> Operands | str:
+    """``hidden -> (hidden', weight', bias')`` reproducing ``module(hidden)`` as one ``F.linear``, or why not.
+
+    ``hooks=False`` leaves forward hooks out of the question: at call time they are left to whoever added them
+    after kernelize (DeepSpeed ZeRO-3 hooks every module to gather its parameters; tests count calls with hooks).
+    """
+    if _hooked(module, hooks):
         return (f"{name} has forward hooks (tensor parallel, adapters, quantizers?); the fused loss reads its weight "
                 "without calling it and would bypass them")
     if type(module) is nn.Linear or (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward):
         problem = plain_weight_problem(module.weight, f"{name}'s weight")
         if problem:
             return problem
-        weight, bias = module.weight, module.bias
-        return lambda hidden: (hidden, weight, bias)
+        # Read when the kernel runs, not now: FSDP2 swaps the sharded parameters for the gathered ones in between.
+        return lambda hidden: (hidden, module.weight, module.bias)
     lora = _peft_class("peft.tuners.lora.layer", "Linear")
     if lora is not None and type(module) is lora:
-        return _lora_operands(module, name)
+        return _lora_operands(module, name, hooks)
     saved = _peft_class("peft.utils.other", "ModulesToSaveWrapper")
     if saved is not None and type(module) is saved:
-        return _modules_to_save_operands(module, name)
+        return _modules_to_save_operands(module, name, hooks)
     if isinstance(module, nn.Linear):
         return (f"{name} is {type(module).__name__}, a linear layer with its own forward (quantized?); the fused "
                 "loss cannot reproduce it from a weight")
@@ -101,25 +105,23 @@ def _saved_target(wrapper: nn.Module) -> nn.Module | str:
 
 def wrapped_module(module: nn.Module) -> nn.Module | None:
     """The module whose forward ``module``'s forward runs as it is, for a pass-through wrapper kernels-core knows
-    (PEFT ``modules_to_save``), ``module`` itself otherwise; None if a hook on the wrapper would be bypassed."""
+    (PEFT ``modules_to_save``), ``module`` itself otherwise; None for a wrapper of an unknown layout."""
     saved = _peft_class("peft.utils.other", "ModulesToSaveWrapper")
     if saved is None or type(module) is not saved:
         return module
-    if _hooked(module):
-        return None
     target = _saved_target(module)
     return None if isinstance(target, str) else target
 
 
-def _modules_to_save_operands(wrapper: nn.Module, name: str) -> Operands | str:
+def _modules_to_save_operands(wrapper: nn.Module, name: str, hooks: bool) -> Operands | str:
     """PEFT ``modules_to_save``: the operands of the copy its forward runs."""
     target = _saved_target(wrapper)
     if isinstance(target, str):
         return f"{name} is {target}"
-    return linear_operands(target, f"{name} (modules_to_save)")
+    return linear_operands(target, f"{name} (modules_to_save)", hooks=hooks)
 
 
-def _lora_operands(layer: nn.Module, name: str) -> Operands | str:
+def _lora_operands(layer: nn.Module, name: str, hooks: bool) -> Operands | str:
     """PEFT's ``lora.Linear``: base operands, plus per active adapter ``s * A drop(x)`` columns and ``B`` rows."""
     try:
         disabled, merged = layer.disable_adapters, layer.merged
@@ -129,7 +131,7 @@ def _lora_operands(layer: nn.Module, name: str) -> Operands | str:
         return f"{name} is a PEFT LoRA layer of an unknown layout ({exc})"
     if disabled and merged:
         return f"{name} is a PEFT LoRA layer with adapters disabled but merged (its forward unmerges them first)"
-    base = linear_operands(layer.base_layer, f"{name}'s base layer")
+    base = linear_operands(layer.base_layer, f"{name}'s base layer", hooks=hooks)
     if isinstance(base, str) or disabled or merged or not adapters:
         # Disabled, or merged into the base weight: the forward is the base layer's.
         return base
@@ -138,7 +140,7 @@ def _lora_operands(layer: nn.Module, name: str) -> Operands | str:
             return (f"{name} is a PEFT LoRA layer whose adapter {adapter!r} is a {type(variants[adapter]).__name__} "
                     "(DoRA or another variant), not x W^T + s (x A^T) B^T; the fused loss cannot fold it")
         lora_a, lora_b = layer.lora_A[adapter], layer.lora_B[adapter]
-        if type(lora_b) is not nn.Linear or lora_b.bias is not None or _hooked(lora_b):
+        if type(lora_b) is not nn.Linear or lora_b.bias is not None or _hooked(lora_b, hooks):
             return (f"{name} is a PEFT LoRA layer whose lora_B of adapter {adapter!r} is not a plain bias-free linear "
                     "(lora_bias?); the fused loss cannot fold it")
         problem = plain_weight_problem(lora_b.weight, f"{name}'s lora_B of adapter {adapter!r}")

@@ -87,6 +87,7 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     dtype = param_dtype(module) or torch.float32
     gen = ctx.generator(weight.device)
     x = ctx.randn(1, 3, in_features, device=weight.device, dtype=dtype, gen=gen)
+
     def reference(x: torch.Tensor) -> torch.Tensor:
         gate, up = _gate_up(module, layout, x)
         return module.down_proj(_reference.gated_activation(gate, up, activation=activation))
