@@ -108,9 +108,15 @@ def _engine_run(stage: int, order: str) -> dict[str, Any]:
         engine.step()
         losses.append(float(loss))
     gathered_after = sorted(n for n, p in model.named_parameters() if stage == 3 and p.numel() != 0)
+    # Inside engine.forward DeepSpeed gathers a partitioned parameter that code reads without calling its module,
+    # and registers it as an "external parameter" of the running module, which from then on gathers it for its
+    # whole forward and backward (lm_head's weight on the root module: the whole model's forward).
+    external = sorted(f"{name or '(model)'}: {sorted(getattr(m, '_external_params', {}))}" for name, m
+                      in model.named_modules() if getattr(m, "_external_params", None))
     engine.destroy()
     return {"losses": losses, "grads": grads, "report": _report(model), "calls": dict(reference_plugin.CALLS),
-            "partitioned_at_kernelize": partitioned_at_kernelize, "gathered_after_step": gathered_after}
+            "partitioned_at_kernelize": partitioned_at_kernelize, "gathered_after_step": gathered_after,
+            "external_parameters": external}
 
 
 def engine() -> dict[str, Any]:

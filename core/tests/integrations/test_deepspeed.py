@@ -85,6 +85,8 @@ def test_engine_losses_and_gradients_match_eager(engine_runs, run):
         error = float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
         assert error <= 1e-4, f"{run}: gradient of {name} differs by {error:.2e} relative"
     assert not result["gathered_after_step"], f"{run}: left gathered after the step: {result['gathered_after_step']}"
+    # Gathered where lm_head's and the norm's own hooks gather them, not for a whole enclosing module's forward.
+    assert not result["external_parameters"], f"{run}: {result['external_parameters']}"
 
 
 def test_accelerate_before_and_after_prepare(tmp_path):
