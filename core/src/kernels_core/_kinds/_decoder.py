@@ -137,18 +137,20 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         # The kernel reads the norm's weight without calling the norm. Under DeepSpeed ZeRO-3 it runs between the
         # norm's own hooks, which gather the weight; if the norm has other hooks, or a partitioned weight nothing
         # gathers, the norm module is called as the template does.
-        how = access(norm, norm._parameters.get("weight"))
+        weight = norm._parameters.get("weight")
+        how = access(norm, weight)
         if how == MODULE:
             hidden_states = residual + hidden_states
             residual = hidden_states
             hidden_states = norm(hidden_states)
         else:
+            if weight is None:  # a weight replaced by a plain tensor is found through the attribute
+                weight = norm.weight
             inputs: tuple[Any, ...] = (hidden_states,)
             if how == HOOKS:
                 inputs = enter_forward(norm, inputs)
-                require_whole(norm.weight, "post_attention_layernorm.weight")
-            hidden_states, residual = impl(inputs[0], residual, norm.weight, eps=eps, offset=offset,
-                                           casting=casting)
+                require_whole(weight, "post_attention_layernorm.weight")
+            hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
             if how == HOOKS:
                 hidden_states = exit_forward(norm, inputs, hidden_states)
         hidden_states = self.mlp(hidden_states)
