@@ -73,8 +73,8 @@ def _run(args: list[str], gpus: int, *, cpu: bool = False) -> str:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("stage", [3, 2])
-@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("stage", [3, 2], ids=["zero3", "zero2"])
+@pytest.mark.parametrize("gpus", [1, 2], ids=["1gpu", "2gpu"])
 def test_trainer_under_deepspeed(gpus, stage, dtype):
     if reason := _skip_reason(gpus):
         pytest.skip(reason)

@@ -206,8 +206,8 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             return original(*args, **kwargs)
         lm_head = module.lm_head
         # The kernel reads lm_head's weight without calling lm_head. Under DeepSpeed ZeRO-3 it runs between
-        # lm_head's own hooks, which gather the weight; if lm_head has other hooks, or a partitioned weight nothing
-        # gathers, the model's own forward calls lm_head instead.
+        # lm_head's own hooks, which gather the weight; where only calling lm_head would gather it (hooks of another
+        # origin too, or none), the model's own forward runs instead.
         how = access(lm_head, lm_head._parameters.get("weight"))
         if how == MODULE:
             return original(*args, **kwargs)

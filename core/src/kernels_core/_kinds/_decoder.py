@@ -135,8 +135,8 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
         norm = self.post_attention_layernorm
         # The kernel reads the norm's weight without calling the norm. Under DeepSpeed ZeRO-3 it runs between the
-        # norm's own hooks, which gather the weight; if the norm has other hooks, or a partitioned weight nothing
-        # gathers, the norm module is called as the template does.
+        # norm's own hooks, which gather the weight; where only calling the norm would gather it (hooks of another
+        # origin too, or none), the norm module is called as the template does.
         weight = norm._parameters.get("weight")
         how = access(norm, weight)
         if how == MODULE:

@@ -14,8 +14,9 @@ Two kinds read a child module's weight without calling the child: ``causal_lm_lo
 ``residual_rms_norm`` (``post_attention_layernorm.weight``). Where the child carries DeepSpeed's hooks, the kernel
 runs between them (:func:`enter_forward`, :func:`exit_forward`), as calling the child would: the weight is
 gathered for the kernel's forward and released after it, gathered again for its backward, and its gradient takes
-DeepSpeed's own reduce path. Hooks of any other origin are never bypassed, and a partitioned weight that nothing
-gathers is never computed on: the matcher declines, or the adapter calls the child itself.
+DeepSpeed's own reduce path. A partitioned weight is never computed on otherwise: where the child also carries
+hooks of another origin (DeepSpeed's flops profiler, user hooks), or nothing gathers the weight, the adapter calls
+the child itself.
 
 Nothing here imports deepspeed: the parameters carry what is needed.
 """
@@ -120,10 +121,12 @@ def hooks_problem(module: nn.Module) -> str | None:
 
 def access(module: nn.Module, weight: torch.Tensor | None) -> str:
     """How a kernel may read ``module``'s ``weight`` (read from ``module._parameters``) without calling ``module``:
-    ``DIRECT``, ``HOOKS`` (between DeepSpeed's hooks of ``module``) or ``MODULE`` (only by calling it)."""
-    if module._forward_pre_hooks or module._forward_hooks:
-        return HOOKS if hooks_problem(module) is None else MODULE
-    # No hooks: a ZeRO-3 weight is whole only where something else gathered it (a z3 leaf ancestor, a probe).
+    ``HOOKS`` (between DeepSpeed's hooks of ``module``: it has those and no others), ``DIRECT`` (the weight is whole)
+    or ``MODULE`` (a partitioned weight that only calling ``module`` gathers, through hooks of other origin too)."""
+    if (module._forward_pre_hooks or module._forward_hooks) and hooks_problem(module) is None:
+        return HOOKS
+    # Hooks of other origin were checked when kernelize matched; a ZeRO-3 weight is whole without DeepSpeed's hooks
+    # only where something else gathered it (a z3 leaf ancestor's hooks, a probe).
     return DIRECT if weight is None or _whole(weight) else MODULE
 
 
