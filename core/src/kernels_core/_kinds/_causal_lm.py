@@ -28,6 +28,15 @@ from ._context import cache_keyword
 from ._context import dtensor_placements
 from ._context import plain_class_forward
 from ._linear import linear_operands
+from ._zero3 import HOOKS
+from ._zero3 import MODULE
+from ._zero3 import access
+from ._zero3 import enter_forward
+from ._zero3 import exit_forward
+from ._zero3 import full_shape
+from ._zero3 import hooks_problem
+from ._zero3 import is_partitioned
+from ._zero3 import require_whole
 
 
 __all__ = ["adapt_causal_lm", "match_causal_lm"]
@@ -125,19 +134,22 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
                                          f"{str(ctx.mode).removeprefix('Mode.')}); the model's own forward "
                                          "computes the logits and the loss here")
     params = {"template": template, "softcap": softcap}
-    head = ""
+    evidence = f"forward is the transformers {template} causal-LM template with ForCausalLMLoss"
     if type(lm_head) is not nn.Linear:
-        head = (f"; lm_head is {type(lm_head).__name__}: the kernel takes its base weight plus each active "
-                "adapter's low-rank path" if hasattr(lm_head, "lora_A") else
-                f"; lm_head is {type(lm_head).__name__}: the kernel takes the weight of the layer it runs")
-    return Match("causal_lm_loss", variant, params,
-                 evidence=f"forward is the transformers {template} causal-LM template with ForCausalLMLoss{head}")
+        evidence += (f"; lm_head is {type(lm_head).__name__}: the kernel takes its base weight plus each active "
+                     "adapter's low-rank path" if hasattr(lm_head, "lora_A") else
+                     f"; lm_head is {type(lm_head).__name__}: the kernel takes the weight of the layer it runs")
+    if is_partitioned(lm_head.weight):
+        evidence += ("; lm_head's weight is DeepSpeed ZeRO-3 partitioned: the kernel runs between lm_head's own "
+                     "DeepSpeed hooks, which gather it for the forward and the backward and release it after")
+    return Match("causal_lm_loss", variant, params, evidence=evidence)
 
 
 def _lm_head_blocker(lm_head: nn.Module, config: object, ctx: MatchContext) -> str | None:
     """Why the fused loss, which reads ``lm_head.weight`` directly, would not compute what ``lm_head(x)`` does."""
-    if lm_head._forward_hooks or lm_head._forward_pre_hooks:
+    if (lm_head._forward_hooks or lm_head._forward_pre_hooks) and hooks_problem(lm_head) is not None:
         # Tensor parallel gathers the vocabulary shards in such hooks; adapters and quantizers hook here too.
+        # DeepSpeed ZeRO-3's parameter hooks are not bypassed: the adapter runs them around the kernel.
         return "lm_head has forward hooks (tensor parallel, adapters?); the fused loss would bypass them"
     placements = dtensor_placements(lm_head.weight)
     if placements is not None and not ctx.fsdp_managed(lm_head):
@@ -161,8 +173,9 @@ def _lm_head_blocker(lm_head: nn.Module, config: object, ctx: MatchContext) -> s
                         f"{gathered_placements} on {where} after FSDP gathers it); the fused loss needs the whole "
                         "weight")
     vocab = getattr(config, "vocab_size", None)
-    if isinstance(vocab, int) and lm_head.weight.shape[0] != vocab:
-        return f"lm_head has {lm_head.weight.shape[0]} rows for a vocabulary of {vocab} (sharded?)"
+    rows = full_shape(lm_head.weight)[0]  # a ZeRO-3 partitioned weight's data is empty; its whole shape counts
+    if isinstance(vocab, int) and rows != vocab:
+        return f"lm_head has {rows} rows for a vocabulary of {vocab} (sharded?)"
     return None
 
 
@@ -212,6 +225,15 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
                               f"model's own forward (full logits) for this model: {head}", KernelFallbackWarning,
                               stacklevel=2)
             return original(*args, **kwargs)
+        lm_head = module.lm_head
+        # The kernel reads lm_head's weight without calling lm_head. Under DeepSpeed ZeRO-3 it runs between
+        # lm_head's own hooks, which gather the weight; where only calling lm_head would gather it (hooks of another
+        # origin too, or none), the model's own forward runs instead. A wrapped head (LoRA) keeps its parameters in
+        # child modules, which its own hooks do not gather: partitioned, it runs the model's own forward too.
+        how = access(lm_head, lm_head._parameters.get("weight"))
+        if how == MODULE or (type(lm_head) is not nn.Linear
+                             and any(is_partitioned(p) for p in lm_head.parameters())):
+            return original(*args, **kwargs)
         return_dict = call.pop("return_dict", None)
         if template == "moe":
             if call.get("output_router_logits") is None:
@@ -230,7 +252,12 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
         shift_labels = call.get("shift_labels")
         if shift_labels is None:
             shift_labels = _shift(labels, ignore_index)
-        rows, weight, bias = head(hidden.reshape(-1, hidden.shape[-1]))
+        inputs: tuple[Any, ...] = (hidden.reshape(-1, hidden.shape[-1]),)
+        if how == HOOKS:
+            inputs = enter_forward(lm_head, inputs)
+            require_whole(lm_head.weight, "lm_head.weight")
+            require_whole(lm_head.bias, "lm_head.bias")
+        rows, weight, bias = head(inputs[0])
         loss = impl(
             rows,
             weight,
@@ -240,6 +267,8 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             num_items_in_batch=call.get("num_items_in_batch"),
             softcap=softcap,
         )
+        if how == HOOKS:
+            loss = exit_forward(lm_head, inputs, loss)
         extra: dict[str, Any] = {}
         if template == "moe":
             aux_loss = None

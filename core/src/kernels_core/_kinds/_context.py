@@ -13,6 +13,9 @@ Two kinds of foreign wrapping are expected and composed with rather than refused
   that own the probed module's parameters (one all-gather, identical on every rank because every rank classifies
   the same modules in the same order) and reshards them afterwards, so it sees the full tensors, in the dtype the
   forward really uses (FSDP's mixed-precision ``param_dtype`` included).
+- DeepSpeed ZeRO-3 (``deepspeed.zero.Init`` or the engine) leaves every parameter's data empty between forwards.
+  A probe gathers the probed module's partitioned parameters (in step on every rank, as above) and partitions
+  them again afterwards; without that it would compare empty tensors, which agree with any math.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from torch.overrides import TorchFunctionMode
 
 from .._forward import decorator_chain_problem
 from .._types import Match
+from ._zero3 import full_shape
+from ._zero3 import gathered
 
 
 __all__ = [
@@ -212,7 +217,8 @@ def math_key(module: nn.Module) -> tuple[object, ...]:
         override = instance_override(child)
         parts.append((name, type(child), _scalars(child), None if override is None else id(override)))
     for name, param in module.named_parameters():
-        parts.append((name, tuple(param.shape), param.dtype, param.device))
+        # A ZeRO-3 parameter's data is empty between forwards: its whole shape tells layers apart.
+        parts.append((name, tuple(full_shape(param)), param.dtype, param.device))
     for name, buffer in module.named_buffers():
         parts.append((name, tuple(buffer.shape), buffer.dtype, buffer.device))
     return tuple(parts)
@@ -443,14 +449,16 @@ class MatchContext:
 
     @contextlib.contextmanager
     def unsharded(self, module: nn.Module) -> Iterator[None]:
-        """Within this block the module's FSDP2-sharded parameters are full, plain tensors (a no-op otherwise)."""
+        """Within this block the module's FSDP2-sharded parameters are full, plain tensors, and its DeepSpeed ZeRO-3
+        partitioned ones are gathered (a no-op otherwise)."""
         units = self._fsdp_units(module)
         done: list[nn.Module] = []
         try:
             for unit in units:
                 unit.unshard()
                 done.append(unit)
-            yield
+            with gathered(module):
+                yield
         finally:
             for unit in reversed(done):
                 unit.reshard()

@@ -47,6 +47,14 @@ from ._context import plain_class_forward
 from ._context import rel_error
 from ._linear import wrapped_module
 from ._norms import match_rms_norm
+from ._zero3 import HOOKS
+from ._zero3 import MODULE
+from ._zero3 import access
+from ._zero3 import enter_forward
+from ._zero3 import exit_forward
+from ._zero3 import hooks_problem
+from ._zero3 import is_partitioned
+from ._zero3 import require_whole
 
 
 __all__ = ["KIND", "adapt_residual_rms_norm", "match_residual_rms_norm"]
@@ -144,8 +152,25 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
-        hidden_states, residual = impl(hidden_states, residual, norm.weight, eps=eps,
-                                       offset=offset, casting=casting)
+        # The kernel reads the norm's weight without calling the norm. Under DeepSpeed ZeRO-3 it runs between the
+        # norm's own hooks, which gather the weight; where only calling the norm would gather it (hooks of another
+        # origin too, or none), the norm module is called as the template does.
+        weight = norm._parameters.get("weight")
+        how = access(norm, weight)
+        if how == MODULE:
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = norm(hidden_states)
+        else:
+            if weight is None:  # a weight replaced by a plain tensor is found through the attribute
+                weight = norm.weight
+            inputs: tuple[Any, ...] = (hidden_states,)
+            if how == HOOKS:
+                inputs = enter_forward(norm, inputs)
+                require_whole(weight, "post_attention_layernorm.weight")
+            hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
+            if how == HOOKS:
+                hidden_states = exit_forward(norm, inputs, hidden_states)
         hidden_states = self.mlp(hidden_states)
         return residual + hidden_states
 
@@ -204,7 +229,8 @@ def _offloads(hook: object) -> bool:
 
 def _norm_problem(norm: nn.Module) -> str | None:
     """Why reading the norm's weight without calling the norm module could see something else than its forward."""
-    if norm._forward_hooks or norm._forward_pre_hooks:
+    if (norm._forward_hooks or norm._forward_pre_hooks) and hooks_problem(norm) is not None:
+        # DeepSpeed ZeRO-3's parameter hooks are not bypassed: the adapter runs them around the kernel.
         return ("post_attention_layernorm has forward hooks (adapters, activation capture?); the fused kernel reads "
                 "its weight without calling it and would bypass them")
     # accelerate's device-placement hooks only move inputs, which the layer's own hook has done already; an
@@ -321,7 +347,9 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
         return Decline(KIND, f"probe output differs from the pre-norm template with a fused residual add + "
                              f"RMSNorm in eval or training behaviour (rel. error {err:.1e}); math differs")
     casting = params["casting"]
-    return Match(KIND, variant, params,
-                 evidence=f"forward is the pre-norm decoder template and a probe of the layer matches it with the "
-                          f"fused {variant}/{casting} residual add + RMSNorm",
-                 bypasses=("post_attention_layernorm",))
+    evidence = (f"forward is the pre-norm decoder template and a probe of the layer matches it with the fused "
+                f"{variant}/{casting} residual add + RMSNorm")
+    if is_partitioned(module.post_attention_layernorm.weight):
+        evidence += ("; post_attention_layernorm's weight is DeepSpeed ZeRO-3 partitioned: the kernel runs between "
+                     "the norm's own DeepSpeed hooks, which gather it for the forward and the backward")
+    return Match(KIND, variant, params, evidence=evidence, bypasses=("post_attention_layernorm",))
