@@ -127,7 +127,8 @@ def _trees(path: Path) -> Iterator[ast.AST]:
 
 
 def _needs(path: Path) -> tuple[dict[str, int], dict[str, bool]]:
-    """(top-level module -> first line needing it, module -> whether an importorskip of it gives a reason)."""
+    """(top-level module -> first line needing it, module -> whether an importorskip of it gives a reason; a
+    ``find_spec`` check of it counts as one)."""
     needs: dict[str, int] = {}
     skips: dict[str, bool] = {}
 
@@ -154,6 +155,10 @@ def _needs(path: Path) -> tuple[dict[str, int], dict[str, bool]]:
                     module = str(node.args[0].value).split(".")[0]
                     need(module, node.lineno)
                     skips[module] = skips.get(module, False) or any(k.arg == "reason" for k in node.keywords)
+                elif name == "find_spec" and node.args and isinstance(node.args[0], ast.Constant):
+                    # importlib.util.find_spec("x") is None: the tests ask before they import (skipif, skip).
+                    module = str(node.args[0].value).split(".")[0]
+                    skips[module] = True
     return needs, skips
 
 
@@ -174,6 +179,11 @@ def _undeclared(package: str) -> list[str]:
         for conftest in (p / "conftest.py" for p in path.parents if p.is_relative_to(tests)):
             if conftest.is_file() and conftest != path:
                 for module, has_reason in _needs(conftest)[1].items():
+                    skips[module] = skips.get(module, False) or has_reason
+        # A script run in a subprocess (a worker) is guarded by importorskip in the test files that name it.
+        for launcher in tests.rglob("test_*.py"):
+            if launcher != path and path.name in launcher.read_text():
+                for module, has_reason in _needs(launcher)[1].items():
                     skips[module] = skips.get(module, False) or has_reason
         where = path.relative_to(REPO)
         for module, line in sorted(needs.items()):

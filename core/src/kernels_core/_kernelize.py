@@ -31,6 +31,7 @@ from ._kinds._context import forward_slot
 from ._kinds._context import instance_override
 from ._kinds._context import module_device
 from ._kinds._context import param_dtype
+from ._kinds._zero3 import ParametersInFlight
 from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
@@ -260,6 +261,8 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             provided_kind = kinds[kind_name]
             try:
                 verdict = matcher(module, module_name, ctx)
+            except ParametersInFlight as exc:
+                verdict = Decline(kind_name, str(exc))
             except Exception as exc:  # noqa: BLE001 - uncertain means left alone, with the reason
                 owner = provided_kind.plugin
                 faults.matcher_raised(provided_kind, module_name, module, f"{type(exc).__name__}: {exc}")

@@ -38,6 +38,7 @@ from ._kinds._context import MatchContext
 from ._kinds._context import Probe
 from ._kinds._context import ProbeRandomness
 from ._kinds._context import probe_behaviour
+from ._kinds._zero3 import is_partitioned
 from ._manager import ENV_BLOCK
 from ._manager import RESERVED
 from ._manager import ProvidedKernel
@@ -217,6 +218,9 @@ def output_problem(module: nn.Module, built: Callable[..., Any], probe: Probe, c
         skip = "a backend kernel off the CPU"
     elif ctx.fsdp_managed(module):
         skip = "its parameters are FSDP2-sharded"
+    elif any(is_partitioned(p) for p in module.parameters()):
+        # The probe gathered them for its own runs only; gathering again would cost every rank an all-gather.
+        skip = "its parameters are DeepSpeed ZeRO-3 partitioned"
     if skip is not None:
         logger.debug("kernel output check of %s skipped: %s", type(module).__qualname__, skip)
         return None

@@ -10,7 +10,8 @@ layer and on the PEFT model), and kernelize on the bare model first (``before``)
 every adapter matrix gets a gradient. Checks: every expected kind applied (the fused loss included: LoRA on
 lm_head is folded into it), the fused loss ran (no logits returned), every step's loss (mean over ranks) within
 the dtype's tolerance of plain's, and each rank's shard of every LoRA gradient of the first step within the same
-relative norm error, none missing. Exits 1 on the first failure, printing the report.
+relative norm error (float32) or no further from the plain float32 run's than twice plain bfloat16's plus 2^-7
+(bfloat16), none missing. Exits 1 on the first failure, printing the report.
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def main() -> None:
     args = parser.parse_args()
 
     device = init_distributed(args.device)
+    plains: dict[str, dict] = {}  # plain runs by dtype; bfloat16 gradients are measured against float32's
     for dtype_name in args.dtypes.split(","):
-        plain = train(None, args, dtype_name, device)
+        plain = plains[dtype_name] = train(None, args, dtype_name, device)
+        if "float32" not in plains:
+            plains["float32"] = train(None, args, "float32", device)
         tolerance = TOLERANCES[dtype_name]
         for order in ("before", "peft_then", "after"):
             what = f"fsdp2 lora {dtype_name} kernelize {order}"
@@ -117,9 +121,20 @@ def main() -> None:
             for name, expected in plain["grads"].items():
                 got = run["grads"][name]
                 check(got is not None, f"{what}: {name} got no gradient (bypassed by a kernel)", run["report"])
-                if expected is not None and expected.numel():
+                if expected is None or not expected.numel():
+                    continue
+                if dtype_name == "float32":
                     err = rel_norm(got, expected)
                     check(err <= tolerance, f"{what}: {name} gradient differs by {err:.2e} relative", run["report"])
+                    continue
+                # Two bfloat16 runs differ from each other by up to the sum of their own errors, and the first
+                # layers' LoRA gradients sum the rounding of every layer above them: measure both against the
+                # float32 run instead. The kernelized error may be up to twice plain's (other summation orders
+                # and float32 intermediates round elsewhere), plus 2^-7, a couple of bfloat16 ulps.
+                truth = plains["float32"]["grads"][name]
+                err, base = rel_norm(got, truth), rel_norm(expected, truth)
+                check(err <= 2 * base + 2**-7, f"{what}: {name} gradient is {err:.2e} from float32's (plain "
+                                                f"bfloat16: {base:.2e})", run["report"])
             log(f"{what}: OK; losses {run['losses']} vs plain {plain['losses']}; {run['report'].summary()}")
     dist.destroy_process_group()
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ._context import dtensor_placements
+from ._zero3 import hooks_problem
 
 
 __all__ = ["Operands", "linear_operands", "plain_weight_problem", "wrapped_module"]
@@ -54,7 +55,8 @@ def plain_weight_problem(tensor: object, what: str) -> str | None:
 
 
 def _hooked(module: nn.Module, hooks: bool) -> bool:
-    return hooks and bool(module._forward_hooks or module._forward_pre_hooks)
+    # DeepSpeed ZeRO-3's own parameter hooks are not bypassed: the fused loss runs them around the kernel.
+    return hooks and bool(module._forward_hooks or module._forward_pre_hooks) and hooks_problem(module) is not None
 
 
 def _peft_class(module_name: str, class_name: str) -> type | None:

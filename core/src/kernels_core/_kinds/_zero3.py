@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 
-__all__ = ["DIRECT", "HOOKS", "MODULE", "access", "enter_forward", "exit_forward", "full_shape", "gathered",
-           "hooks_problem", "is_partitioned", "require_whole"]
+__all__ = ["DIRECT", "HOOKS", "MODULE", "ParametersInFlight", "access", "enter_forward", "exit_forward", "full_shape",
+           "gathered", "hooks_problem", "is_partitioned", "require_whole"]
 
 # How a kernel may read a child module's weight without calling the child (see ``access``).
 DIRECT = "direct"  # read it: no hooks, and the weight is whole
@@ -43,6 +43,11 @@ MODULE = "module"  # do not: call the child module (its hooks do something else,
 # DeepSpeed's ZeRO-3 module hooks are closures defined in this method of DeepSpeedZeRoOffload
 # (deepspeed.runtime.zero.parameter_offload); its NVTX decorator wraps some of them without functools.wraps.
 _HOOK_FACTORY = "_register_deepspeed_module.<locals>."
+
+
+class ParametersInFlight(RuntimeError):
+    """A probe needs parameters DeepSpeed is fetching right now: the module is declined with this reason (no fault of
+    the plugin whose matcher asked)."""
 
 
 def is_partitioned(tensor: object) -> bool:
@@ -164,8 +169,8 @@ def gathered(module: nn.Module) -> Iterator[None]:
         return
     busy = sorted({str(_status(p)) for p in params} - {"NOT_AVAILABLE"})
     if busy:
-        raise RuntimeError(f"DeepSpeed ZeRO-3 parameters of {type(module).__name__} are being fetched (ds_status "
-                           f"{', '.join(busy)}); they cannot be gathered for a probe now")
+        raise ParametersInFlight(f"DeepSpeed ZeRO-3 parameters of {type(module).__name__} are being fetched "
+                                 f"(ds_status {', '.join(busy)}); they cannot be gathered for a probe now")
     params.sort(key=lambda p: p.ds_id)  # the same order on every rank
     params[0].all_gather(param_list=params)
     try:
