@@ -76,7 +76,10 @@ def linear_operands(module: nn.Module, name: str = "lm_head", *, hooks: bool = T
         return (f"{name} has forward hooks (tensor parallel, adapters, quantizers?); the fused loss reads its weight "
                 "without calling it and would bypass them")
     if type(module) is nn.Linear or (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward):
-        problem = plain_weight_problem(module.weight, f"{name}'s weight")
+        # From the dict, not the attribute: under DeepSpeed ZeRO-3 reading a partitioned parameter through the module
+        # gathers it and registers it on the running module as an external parameter (kept gathered all step).
+        weight = module._parameters.get("weight")
+        problem = plain_weight_problem(module.weight if weight is None else weight, f"{name}'s weight")
         if problem:
             return problem
         # Read when the kernel runs, not now: FSDP2 swaps the sharded parameters for the gathered ones in between.
