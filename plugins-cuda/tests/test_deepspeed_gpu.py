@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from worker_run import run_worker
 
 
 WORKERS = Path(__file__).parent / "distributed_workers"
@@ -54,22 +55,7 @@ def _run(args: list[str], gpus: int, *, cpu: bool = False) -> str:
     env["PYTHONUNBUFFERED"] = "1"
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.Popen(cmd, cwd=WORKERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # torchrun forwards SIGTERM to its workers and waits for them
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {TIMEOUT_S}s\n--- stdout\n{stdout[-8000:]}\n"
-                    f"--- stderr\n{stderr[-8000:]}", pytrace=False)
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{stdout[-8000:]}\n"
-                    f"--- stderr\n{stderr[-12000:]}", pytrace=False)
-    return stdout
+    return run_worker(cmd, cwd=WORKERS, env=env, timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from worker_run import run_worker
 
 
 WORKERS = Path(__file__).parent / "distributed_workers"
@@ -78,24 +79,7 @@ def _run(args: list[str], *, torchrun: bool, nproc: int = 2, timeout: int = TIME
         # transformers >= 5.24 binds each TP rank to an accelerator whenever one is visible (device LOCAL_RANK): on
         # a one-GPU machine ranks 1-3 of the CPU/gloo variant would fail, so it sees no GPU.
         env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.Popen(cmd, cwd=WORKERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: torchrun forwards it to its workers and waits for them (a SIGKILL would orphan them,
-        # still holding the GPUs the next test needs).
-        proc.terminate()
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n--- stdout\n{stdout[-8000:]}\n"
-                    f"--- stderr\n{stderr[-8000:]}", pytrace=False)
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{stdout[-8000:]}\n"
-                    f"--- stderr\n{stderr[-12000:]}", pytrace=False)
-    return stdout
+    return run_worker(cmd, cwd=WORKERS, env=env, timeout=timeout)
 
 
 DEVICES = ["cuda", "cpu"]
