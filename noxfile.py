@@ -42,7 +42,8 @@ ROOT = Path(__file__).parent
 # its own packages only, so an import of another vendor's code or an undeclared dependency fails here. A package
 # whose tests a session runs is installed with its `test` extra (core/tests/test_test_extras.py checks this).
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
-    "core": (["./core[test]", "./examples/example-plugin[test]"],
+    # PEFT too: the report's truth after get_peft_model / merge_and_unload is checked in the core's own tests.
+    "core": (["./core[test,peft]", "./examples/example-plugin[test]"],
              ["core/tests", "examples/example-plugin/tests", "--ignore=core/tests/integrations"]),
     "cuda": (["./core[test]", "./triton-adapters[test]", "./plugins-cuda[test]"],
              ["triton-adapters/tests", "plugins-cuda/tests"]),
