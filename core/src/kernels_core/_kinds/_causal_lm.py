@@ -34,7 +34,6 @@ from ._zero3 import access
 from ._zero3 import enter_forward
 from ._zero3 import exit_forward
 from ._zero3 import full_shape
-from ._zero3 import hooks_problem
 from ._zero3 import is_partitioned
 from ._zero3 import require_whole
 
@@ -146,11 +145,8 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
 
 
 def _lm_head_blocker(lm_head: nn.Module, config: object, ctx: MatchContext) -> str | None:
-    """Why the fused loss, which reads ``lm_head.weight`` directly, would not compute what ``lm_head(x)`` does."""
-    if (lm_head._forward_hooks or lm_head._forward_pre_hooks) and hooks_problem(lm_head) is not None:
-        # Tensor parallel gathers the vocabulary shards in such hooks; adapters and quantizers hook here too.
-        # DeepSpeed ZeRO-3's parameter hooks are not bypassed: the adapter runs them around the kernel.
-        return "lm_head has forward hooks (tensor parallel, adapters?); the fused loss would bypass them"
+    """Why the fused loss, which reads ``lm_head.weight`` directly, would not compute what ``lm_head(x)`` does.
+    Forward hooks are judged before, by ``linear_operands`` (DeepSpeed ZeRO-3's own are run around the kernel)."""
     placements = dtensor_placements(lm_head.weight)
     if placements is not None and not ctx.fsdp_managed(lm_head):
         return f"lm_head weight is a DTensor {placements} (tensor parallel); the fused loss needs the whole vocabulary"
