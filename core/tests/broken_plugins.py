@@ -4,7 +4,10 @@ has the wrong shape or dtype, a kernel that raises. Used by ``test_fallbacks.py`
 
 from __future__ import annotations
 
+import kernels_core
+import pytest
 import torch
+from kernels_core import KernelizeError
 from kernels_core import KernelSpec
 from kernels_core import LayerKind
 from kernels_core import Match
@@ -15,6 +18,16 @@ from kernels_core.testing import reference
 
 
 _M = "broken_plugins"
+
+
+def assert_strict_refuses(model, *, match: str, **kernelize_kwargs) -> None:
+    """``kernelize(model, strict=True, ...)`` raises ``KernelizeError`` matching ``match`` and leaves ``model``
+    exactly as it was: every module's attributes the same, and no report."""
+    before = {name: dict(m.__dict__) for name, m in model.named_modules()}
+    with pytest.raises(KernelizeError, match=match):
+        kernels_core.kernelize(model, strict=True, **kernelize_kwargs)
+    assert {name: dict(m.__dict__) for name, m in model.named_modules()} == before
+    assert kernels_core.get_report(model) is None
 _ALL = Supports.BACKWARD | Supports.TORCH_COMPILE
 
 
