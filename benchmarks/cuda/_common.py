@@ -305,3 +305,12 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
         raise RuntimeError(f"kernelize applied {len(applied)} of {count} RMSNorm kernels: "
                            f"{kernels_core.get_report(norms).summary()}")
     return norms
+
+
+def settle_cpp_extension() -> str:
+    """Wait until kernels-triton's C++ autograd nodes are built (or known unavailable) and return their status, so
+    that no timed variant runs the slower Python nodes merely because it ran first on a new machine."""
+    from kernels_triton import _cpp_extension
+
+    _cpp_extension.extension(wait=True)
+    return _cpp_extension.status()

@@ -15,8 +15,11 @@ each decoder layer, then on the root; parameters already bf16, so no mixed-preci
 ``kernelize_before`` (``kernelize(mode=TRAINING)`` then ``fully_shard``), ``kernelize_after`` (``fully_shard``
 then ``kernelize``), ``compile`` and ``kernelize_compile`` (``torch.compile`` on each decoder layer before
 ``fully_shard``, the usual FSDP2 recipe; the latter kernelized with ``TRAINING | TORCH_COMPILE`` first), and
-``ddp_eager``, ``ddp_kernelize_before``, ``ddp_kernelize_after`` under DDP. Batch 4 x 2048 tokens per rank by
-default, AdamW(fused, lr 1e-5) as in ``qwen3_bench.py`` (``--optimizer foreach``: torch's multi-tensor AdamW).
+``ddp_eager``, ``ddp_kernelize_before``, ``ddp_kernelize_after`` under DDP; ``liger``: Liger-Kernel's
+per-instance model patch (as the Trainer's ``use_liger_kernel`` applies it) before ``fully_shard``, and the
+kernelized FSDP2 variants are also compared with it. ``--layers`` sets the depth (``--model llama-3.1-8b-4l
+--layers 32``: the Llama-3.1-8B shape at full depth). Batch 4 x 2048 tokens per rank by default, AdamW(fused,
+lr 1e-5) as in ``qwen3_bench.py`` (``--optimizer foreach``: torch's multi-tensor AdamW).
 Measured per variant: global tokens/s over the timed steps
 (after warm-up, between synchronise + barrier), the first step's seconds, peak allocated GiB per rank over the
 timed steps, the loss of every step (mean over ranks), and from ``get_report``: the kernel each layer kind got and
@@ -58,6 +61,7 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
     "kernelize_after": ("fsdp", "after"),
     "compile": ("fsdp", None),
     "kernelize_compile": ("fsdp", "before"),
+    "liger": ("fsdp", None),
     "ddp_eager": ("ddp", None),
     "ddp_kernelize_before": ("ddp", "before"),
     "ddp_kernelize_after": ("ddp", "after"),
@@ -65,6 +69,8 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
 DEFAULT_VARIANTS = ("eager", "kernelize_before", "kernelize_after", "ddp_eager", "ddp_kernelize_before",
                     "ddp_kernelize_after")
 COMPILED = {"compile", "kernelize_compile"}
+# Variants patched by Liger-Kernel (its per-instance model patch, as the Trainer's use_liger_kernel applies it).
+LIGER = {"liger"}
 BASELINE = {"fsdp": "eager", "ddp": "ddp_eager"}
 # A smoke-test size: every code path of the real run in seconds on CPU (vocab divisible by the world size).
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -142,16 +148,18 @@ def baseline(name: str) -> str:
     return "compile" if name == "kernelize_compile" else BASELINE[VARIANTS[name][0]]
 
 
-def build_model(name: str, *, tiny: bool, device: torch.device) -> torch.nn.Module:
-    """A seeded bf16 model of the Qwen3-0.6B shape or of one of ``models_bench.MODELS``."""
+def build_model(name: str, *, tiny: bool, device: torch.device, layers: int | None = None) -> torch.nn.Module:
+    """A seeded bf16 model of the Qwen3-0.6B shape or of one of ``models_bench.MODELS``; ``layers`` overrides the
+    decoder depth (``llama-3.1-8b-4l`` with 32 is the Llama-3.1-8B shape at full depth)."""
+    depth = {} if layers is None else {"num_hidden_layers": layers}
     if name == DEFAULT_MODEL:
         from qwen3_bench import build
 
-        return build(seed=0, device=str(device), **(TINY if tiny else {}))
+        return build(seed=0, device=str(device), **{**(TINY if tiny else {}), **depth})
     import models_bench
 
     overrides = {**TINY, **TINY_EXTRA[models_bench.MODELS[name]["family"]]} if tiny else {}
-    return models_bench.build(name, device=str(device), **overrides)
+    return models_bench.build(name, device=str(device), **{**overrides, **depth})
 
 
 def vocab_size(name: str, *, tiny: bool) -> int:
@@ -178,8 +186,12 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         # What the previous variant left behind: should be ~0, or the peaks below are not comparable.
         result["allocated_at_start_GiB"] = round(torch.cuda.memory_allocated(device) / GIB, 4)
 
-    model = build_model(args.model, tiny=args.tiny, device=device)
+    model = build_model(args.model, tiny=args.tiny, device=device, layers=args.layers)
     model.train()
+    if name in LIGER:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+        _apply_liger_kernel_to_instance(model=model)
     if order == "before":
         mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
         kernels_core.kernelize(model, mode=mode)
@@ -290,16 +302,23 @@ def compare(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each kernelized variant against the eager run of the same wrapper."""
     ratios = {}
     for name, row in rows.items():
-        base = rows.get(baseline(name))
-        if row["kernelize"] is None or base is None or "error" in row or "error" in base:
+        base = rows.get(baseline(name)) if row["kernelize"] is not None or name in LIGER else None
+        if base is None or "error" in row or "error" in base:
             continue
-        ratios[name] = {
-            "vs": base["variant"],
-            "tokens_per_s": _ratio(row["tokens_per_s"], base["tokens_per_s"]),
-            "peak": _ratio(row["peak_GiB"], base["peak_GiB"]),
-            "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(row["losses"], base["losses"], strict=True)),
-        }
+        ratios[name] = _versus(row, base)
+        liger = rows.get("liger")
+        if row["kernelize"] is not None and liger is not None and "error" not in liger and row["wrapper"] == "fsdp":
+            ratios[f"{name}_vs_liger"] = _versus(row, liger)
     return ratios
+
+
+def _versus(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "vs": base["variant"],
+        "tokens_per_s": _ratio(row["tokens_per_s"], base["tokens_per_s"]),
+        "peak": _ratio(row["peak_GiB"], base["peak_GiB"]),
+        "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(row["losses"], base["losses"], strict=True)),
+    }
 
 
 def _choice_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -394,6 +413,9 @@ def main() -> None:
                         help=f"comma-separated subset of {list(VARIANTS)}")
     parser.add_argument("--nprocs", help="comma-separated GPU counts (e.g. 1,2,4): run the job under torchrun at "
                                          "each and write one file with every count and the scaling efficiency")
+    parser.add_argument("--layers", type=int,
+                        help="decoder layers (default: the shape's own; llama-3.1-8b-4l --layers 32 is the "
+                             "Llama-3.1-8B shape at full depth)")
     parser.add_argument("--steps", type=int, default=17, help="timed steps (with the warm-up: 20 losses compared)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (Triton compiles, AdamW states)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -434,6 +456,14 @@ def main() -> None:
 
     device = setup(args.device)
     rank = dist.get_rank()
+    if device.type == "cuda":
+        from _common import settle_cpp_extension
+
+        # The norms' C++ autograd nodes build in the background on a new machine (about a minute): variants timed
+        # before they are ready would run the Python nodes, and an order of variants would look like a speed-up.
+        extension = settle_cpp_extension()
+    else:
+        extension = None
     batch = args.batch or (2 if args.tiny else 4)
     seq = args.seq or (128 if args.tiny else 2048)
     vocab = vocab_size(args.model, tiny=args.tiny)
@@ -453,6 +483,8 @@ def main() -> None:
         "steps_timed": args.steps,
         "steps_warmup": args.warmup,
         "losses_are": "mean over ranks, every step (warm-up first)",
+        "cpp_autograd_extension": extension,
+        "layers": args.layers,
     }
     rows: dict[str, dict[str, Any]] = {}
     failed = False

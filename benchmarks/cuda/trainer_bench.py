@@ -9,7 +9,16 @@ steps after warm-up (from step timestamps), peak GPU memory (per rank), the loss
 
 ``--gpus N`` (N > 1) runs each variant under ``torchrun`` on N GPUs with the Trainer's own FSDP2 (accelerate,
 ``fsdp="full_shard"``, ``fsdp_config={"fsdp_version": 2}``, one unit per decoder layer); batch 4 x 2048 per
-rank, tokens/s over all ranks, the logged loss is the Trainer's mean over ranks.
+rank, tokens/s over all ranks, the logged loss is the Trainer's mean over ranks. ``--deepspeed 2`` or ``3`` runs
+it under DeepSpeed ZeRO-2 / ZeRO-3 instead (``TrainingArguments(deepspeed=...)``, bf16, the Trainer's AdamW as
+the client optimizer), on ``--gpus`` GPUs (1 included). ``kernelize_before`` calls ``kernels_core.kernelize`` on
+the model before the Trainer exists (as LLaMA-Factory's ``KernelPlugin`` does at model load), ``kernelize`` adds
+``KernelizeCallback()``. ``--model`` takes a ``models_bench.py`` shape and ``--layers`` its depth
+(``--model llama-3.1-8b-4l --layers 32``: Llama-3.1-8B at full depth); ``--optimizer foreach`` uses torch's
+multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-rank batch.
+
+    python benchmarks/cuda/trainer_bench.py --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
+        --out benchmarks/results/trainer-zero3-qwen3-0.6b-4xh100.json
 """
 
 from __future__ import annotations
@@ -23,18 +32,37 @@ import sys
 import time
 
 
-VARIANTS = ["plain", "liger", "kernelize", "plain_compile", "liger_compile", "kernelize_compile"]
+VARIANTS = ["plain", "liger", "kernelize", "kernelize_before", "plain_compile", "liger_compile", "kernelize_compile"]
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False) -> dict:
+def deepspeed_config(stage: int) -> dict:
+    """ZeRO-``stage`` with the Trainer's own optimizer and bf16; "auto" values come from the TrainingArguments."""
+    return {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": True},
+            "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}}
+
+
+def build_model(model_name: str, layers: int | None, device: str):
+    depth = {} if layers is None else {"num_hidden_layers": layers}
+    if model_name == "qwen3-0.6b":
+        from qwen3_bench import build
+
+        return build(device=device, **depth)
+    import models_bench
+
+    return models_bench.build(model_name, device=device, **depth)
+
+
+def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False,
+                deepspeed: int | None = None, model_name: str = "qwen3-0.6b", layers: int | None = None,
+                optimizer: str = "fused", batch: int = 4, seq: int = 2048) -> dict:
     import torch
     from transformers import Trainer
     from transformers import TrainerCallback
     from transformers import TrainingArguments
 
     sys.path.insert(0, str(HERE))
-    from qwen3_bench import build
 
     stamps: list[float] = []
 
@@ -44,24 +72,31 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
             stamps.append(time.perf_counter())
 
     callbacks: list = [Stamp()]
-    if variant.startswith("kernelize"):
+    if variant in ("kernelize", "kernelize_compile"):
         from kernels_core.integrations.transformers import KernelizeCallback
 
         callbacks.append(KernelizeCallback())
-    batch, seq = 4, 2048
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    model = build_model(model_name, layers, f"cuda:{torch.cuda.current_device()}")
+    vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    data = [{"input_ids": (ids := torch.randint(0, 151936, (seq,), generator=g)), "labels": ids}
+    data = [{"input_ids": (ids := torch.randint(0, vocab, (seq,), generator=g)), "labels": ids}
             for _ in range(batch * steps * world)]
-    if fsdp:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    model = build(device=f"cuda:{torch.cuda.current_device()}")
-    wrapping = {}
-    if fsdp:
+    if variant == "kernelize_before":
+        import kernels_core
+
+        kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
+    wrapping: dict = {}
+    if deepspeed is not None:
+        wrapping = dict(deepspeed=deepspeed_config(deepspeed))
+    elif fsdp:
+        layer_cls = type(model.model.layers[0]).__name__
         wrapping = dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2, "reshard_after_forward": True,
-                                                         "transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"]})
+                                                         "transformer_layer_cls_to_wrap": [layer_cls]})
     args = TrainingArguments(**wrapping, output_dir=output_dir, per_device_train_batch_size=batch, max_steps=steps,
-                             logging_steps=1, learning_rate=1e-5, optim="adamw_torch_fused", bf16=True,
+                             logging_steps=1, learning_rate=1e-5,
+                             optim="adamw_torch_fused" if optimizer == "fused" else "adamw_torch", bf16=True,
                              report_to=[], save_strategy="no", seed=0, disable_tqdm=True,
                              include_num_input_tokens_seen=True,
                              use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
@@ -87,9 +122,13 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
         "peak_memory_gib_per_rank": peaks,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
     }
-    if variant.startswith("kernelize"):
+    if len(callbacks) > 1:
         result["kernelize"] = callbacks[1].report.summary()
         result["loss_owner"] = callbacks[1].loss
+    elif variant == "kernelize_before":
+        import kernels_core
+
+        result["kernelize"] = kernels_core.get_report(model).summary()
     return result
 
 
@@ -99,11 +138,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs; more than 1 runs the Trainer under FSDP2")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="GPUs; more than 1 runs the Trainer under FSDP2 unless --deepspeed is given")
+    parser.add_argument("--deepspeed", type=int, choices=(2, 3), help="DeepSpeed ZeRO stage instead of FSDP2")
+    parser.add_argument("--model", default="qwen3-0.6b", help="qwen3-0.6b or a models_bench.py shape")
+    parser.add_argument("--layers", type=int, help="decoder layers (default: the shape's own)")
+    parser.add_argument("--optimizer", choices=("fused", "foreach"), default="fused")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per rank")
+    parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.one:
-        result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.gpus > 1)
+        result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.gpus > 1,
+                             deepspeed=opts.deepspeed, model_name=opts.model, layers=opts.layers,
+                             optimizer=opts.optimizer, batch=opts.batch, seq=opts.seq)
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result))
         return 0
@@ -120,13 +168,16 @@ def main() -> int:
         distributed_workers().set_distributed_env()  # NVLink multicast off, inherited by every torchrun below
 
     results = {}
+    passed = ["--out", str(opts.out), "--steps", str(opts.steps), "--warmup", str(opts.warmup), "--gpus",
+              str(opts.gpus), "--model", opts.model, "--optimizer", opts.optimizer, "--batch", str(opts.batch),
+              "--seq", str(opts.seq)]
+    passed += ["--deepspeed", str(opts.deepspeed)] if opts.deepspeed else []
+    passed += ["--layers", str(opts.layers)] if opts.layers else []
     for variant in opts.variants.split(","):
         launcher = [sys.executable]
-        if opts.gpus > 1:
+        if opts.gpus > 1 or opts.deepspeed:
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.gpus)]
-        proc = subprocess.run([*launcher, __file__, "--out", str(opts.out), "--steps", str(opts.steps),
-                               "--warmup", str(opts.warmup), "--gpus", str(opts.gpus), "--one", variant],
-                              capture_output=True, text=True)
+        proc = subprocess.run([*launcher, __file__, *passed, "--one", variant], capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             results[variant] = {"variant": variant, "error": proc.stderr[-3000:]}
@@ -151,13 +202,21 @@ def main() -> int:
         "kernelize_vs_liger_memory": ratio("kernelize", "liger", "peak_memory_gib"),
         "kernelize_compile_vs_plain_compile_tokens": ratio("kernelize_compile", "plain_compile"),
         "kernelize_vs_plain_tokens": ratio("kernelize", "plain"),
+        "kernelize_vs_plain_memory": ratio("kernelize", "plain", "peak_memory_gib"),
+        "kernelize_before_vs_plain_tokens": ratio("kernelize_before", "plain"),
+        "kernelize_before_vs_liger_tokens": ratio("kernelize_before", "liger"),
+        "kernelize_before_vs_plain_memory": ratio("kernelize_before", "plain", "peak_memory_gib"),
+        "max_rel_loss_gap_kernelize_before_vs_plain": loss_gap("kernelize_before", "plain"),
         "max_rel_loss_gap_kernelize_vs_plain": loss_gap("kernelize", "plain"),
         "max_rel_loss_gap_kernelize_compile_vs_plain_compile": loss_gap("kernelize_compile", "plain_compile"),
         "max_rel_loss_gap_liger_vs_plain": loss_gap("liger", "plain"),
     }
     print(json.dumps(summary, indent=2))
-    shape = "Qwen3-0.6B, bf16, batch 4 x 2048 per GPU, AdamW (fused)"
-    if opts.gpus > 1:
+    depth = f", {opts.layers} layers" if opts.layers else ""
+    shape = f"{opts.model}{depth}, bf16, batch {opts.batch} x {opts.seq} per GPU, AdamW ({opts.optimizer})"
+    if opts.deepspeed:
+        shape += f"; {opts.gpus} GPU(s), DeepSpeed ZeRO-{opts.deepspeed} through the Trainer"
+    elif opts.gpus > 1:
         shape += f"; {opts.gpus} GPUs, the Trainer's FSDP2 (accelerate, fsdp_version 2, per decoder layer)"
     write_json(opts.out, {"environment": {**environment(), "world_size": opts.gpus}, "shape": shape,
                           "steps": opts.steps, "warmup_steps": opts.warmup, "summary": summary,
@@ -172,7 +231,7 @@ def main() -> int:
     right.set_xlabel("step")
     right.set_ylabel("loss")
     right.legend()
-    fig.suptitle(f"Trainer, Qwen3-0.6B shape, bf16, 4 x 2048 per GPU, {opts.gpus} GPU(s)")
+    fig.suptitle(f"Trainer: {shape}", fontsize=9)
     fig.tight_layout()
     fig.savefig(opts.out.with_suffix(".png"), dpi=110)
     return 0
