@@ -15,7 +15,9 @@ the client optimizer), on ``--gpus`` GPUs (1 included). ``kernelize_before`` cal
 the model before the Trainer exists (as LLaMA-Factory's ``KernelPlugin`` does at model load), ``kernelize`` adds
 ``KernelizeCallback()``. ``--model`` takes a ``models_bench.py`` shape and ``--layers`` its depth
 (``--model llama-3.1-8b-4l --layers 32``: Llama-3.1-8B at full depth); ``--optimizer foreach`` uses torch's
-multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-rank batch.
+multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-rank batch;
+``--peft lora|lora_lm_head|qlora`` trains LoRA adapters (QLoRA: the base quantized to 4-bit nf4 by bitsandbytes
+while loading). Kernelized variants wait for the norms' C++ autograd nodes before training (steady-state numbers).
 
     python benchmarks/cuda/trainer_bench.py --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
         --out benchmarks/results/trainer-zero3-qwen3-0.6b-4xh100.json
@@ -54,9 +56,41 @@ def build_model(model_name: str, layers: int | None, device: str):
     return models_bench.build(model_name, device=device, **depth)
 
 
+# PEFT LoRA targets per --peft case: every linear layer of the decoder ("all-linear" leaves lm_head out), the same
+# plus lm_head, and QLoRA (the base layers 4-bit nf4, stored as bfloat16 so FSDP2 can shard them).
+PEFT_TARGETS = {"lora": "all-linear", "lora_lm_head": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj", "lm_head"], "qlora": "all-linear"}
+
+
+def quantized_copy(model, output_dir: str):
+    """``model`` saved and loaded again with bitsandbytes 4-bit base layers (QLoRA quantizes while loading)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers import BitsAndBytesConfig
+
+    path = f"{output_dir}/base"
+    model.save_pretrained(path)
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+                               bnb_4bit_quant_storage=torch.bfloat16)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant,
+                                                device_map={"": torch.cuda.current_device()})
+
+
+def with_lora(model, case: str, output_dir: str):
+    import peft
+
+    if case == "qlora":
+        model = quantized_copy(model, output_dir)
+    import torch
+
+    config = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=PEFT_TARGETS[case])
+    torch.manual_seed(7)  # the same adapter weights in every variant
+    return peft.get_peft_model(model, config)
+
+
 def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False,
                 deepspeed: int | None = None, model_name: str = "qwen3-0.6b", layers: int | None = None,
-                optimizer: str = "fused", batch: int = 4, seq: int = 2048) -> dict:
+                optimizer: str = "fused", batch: int = 4, seq: int = 2048, lora: str | None = None) -> dict:
     import torch
     from transformers import Trainer
     from transformers import TrainerCallback
@@ -83,10 +117,18 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": (ids := torch.randint(0, vocab, (seq,), generator=g)), "labels": ids}
             for _ in range(batch * steps * world)]
+    if lora is not None:
+        model = with_lora(model, lora, output_dir)
     if variant == "kernelize_before":
         import kernels_core
 
         kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
+    if variant.startswith("kernelize"):
+        from _common import settle_cpp_extension
+
+        # Steady-state numbers: the norms' C++ autograd nodes load in the background (seconds from the cache),
+        # and the warm-up steps alone may not cover that; the callback variant kernelizes later than the others.
+        settle_cpp_extension()
     wrapping: dict = {}
     if deepspeed is not None:
         wrapping = dict(deepspeed=deepspeed_config(deepspeed))
@@ -101,6 +143,8 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
                              include_num_input_tokens_seen=True,
                              use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+    head_adapter = {name: p.detach().clone() for name, p in model.named_parameters()
+                    if "lm_head" in name and "lora_" in name}
     torch.cuda.reset_peak_memory_stats()
     output = trainer.train()
     tokens = batch * seq * world
@@ -122,6 +166,12 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
         "peak_memory_gib_per_rank": peaks,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
     }
+    if head_adapter:
+        # A LoRA adapter on lm_head must train through whatever computes the loss (a fused loss that reads the
+        # frozen base weight alone leaves it as it was).
+        now = dict(model.named_parameters())
+        result["lm_head_adapter_trained"] = any(not torch.equal(now[name].detach(), before)
+                                                for name, before in head_adapter.items() if name in now)
     if len(callbacks) > 1:
         result["kernelize"] = callbacks[1].report.summary()
         result["loss_owner"] = callbacks[1].loss
@@ -146,12 +196,15 @@ def main() -> int:
     parser.add_argument("--optimizer", choices=("fused", "foreach"), default="fused")
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank")
     parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
+    parser.add_argument("--peft", choices=sorted(PEFT_TARGETS),
+                        help="train PEFT LoRA adapters (r 16) instead of all parameters: on every decoder linear, "
+                             "on those and lm_head, or QLoRA (4-bit nf4 base, bitsandbytes)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.one:
         result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.gpus > 1,
                              deepspeed=opts.deepspeed, model_name=opts.model, layers=opts.layers,
-                             optimizer=opts.optimizer, batch=opts.batch, seq=opts.seq)
+                             optimizer=opts.optimizer, batch=opts.batch, seq=opts.seq, lora=opts.peft)
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result))
         return 0
@@ -173,6 +226,7 @@ def main() -> int:
               "--seq", str(opts.seq)]
     passed += ["--deepspeed", str(opts.deepspeed)] if opts.deepspeed else []
     passed += ["--layers", str(opts.layers)] if opts.layers else []
+    passed += ["--peft", opts.peft] if opts.peft else []
     for variant in opts.variants.split(","):
         launcher = [sys.executable]
         if opts.gpus > 1 or opts.deepspeed:
@@ -214,6 +268,8 @@ def main() -> int:
     print(json.dumps(summary, indent=2))
     depth = f", {opts.layers} layers" if opts.layers else ""
     shape = f"{opts.model}{depth}, bf16, batch {opts.batch} x {opts.seq} per GPU, AdamW ({opts.optimizer})"
+    if opts.peft:
+        shape += f"; PEFT {opts.peft} (r 16, dropout 0.05)"
     if opts.deepspeed:
         shape += f"; {opts.gpus} GPU(s), DeepSpeed ZeRO-{opts.deepspeed} through the Trainer"
     elif opts.gpus > 1:
