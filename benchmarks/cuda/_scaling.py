@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-__all__ = ["chart", "child_args", "scale", "scaling", "scaling_targets"]
+__all__ = ["chart", "child_args", "combine", "scale", "scaling", "scaling_targets", "write_scaling"]
 
 
 def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
@@ -26,6 +26,7 @@ def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
     argv = ["--out", str(out), "--model", args.model, "--variants", args.variants, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats),
             "--optimizer", args.optimizer, "--layers-per-unit", str(args.layers_per_unit)]
+    argv += ["--layers", str(args.layers)] if args.layers else []
     argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
                                    ("--no-reshard", args.no_reshard), ("--profile", args.profile),
                                    ("--host-profile", args.host_profile)) if on]
@@ -67,8 +68,6 @@ def scaling_targets(table: dict[str, dict[str, Any]], baseline: Callable[[str], 
 
 def scale(args: argparse.Namespace, counts: list[int], *, script: str, baseline: Callable[[str], str | None]) -> int:
     """Run ``script`` under torchrun at each GPU count; one file with every count, scaling and a chart."""
-    from _common import write_json
-
     runs: dict[int, dict[str, Any]] = {}
     failed = False
     for n in counts:
@@ -82,21 +81,35 @@ def scale(args: argparse.Namespace, counts: list[int], *, script: str, baseline:
         except (OSError, ValueError) as exc:
             runs[n] = {"error": f"no result from the {n}-process job: {exc}"}
             failed = True
+    write_scaling(runs, args.out, model=args.model, baseline=baseline)
+    return 1 if failed else 0
+
+
+def combine(parts: dict[int, pathlib.Path], out: pathlib.Path, *, baseline: Callable[[str], str | None]) -> None:
+    """One scaling file from result files written at each GPU count by separate torchrun jobs (for example jobs
+    run side by side on disjoint GPUs of one host)."""
+    runs = {n: json.loads(path.read_text()) for n, path in sorted(parts.items())}
+    write_scaling(runs, out, model=runs[max(runs)].get("model", "?"), baseline=baseline)
+
+
+def write_scaling(runs: dict[int, dict[str, Any]], out: pathlib.Path, *, model: str,
+                  baseline: Callable[[str], str | None]) -> None:
+    from _common import write_json
+
     table = scaling(runs)
     checks = [{**c, "name": f"{n} GPUs: {c['name']}"} for n, run in runs.items() for c in run.get("targets", [])]
     checks += scaling_targets(table, baseline)
-    largest = runs[max(counts)]
-    write_json(args.out, {"environment": largest.get("environment"), "model": args.model,
-                          "config": largest.get("config"), "steps_timed": args.steps, "steps_warmup": args.warmup,
-                          "runs": {str(n): run for n, run in runs.items()}, "scaling": table, "targets": checks,
-                          "all_targets_met": all(c["met"] for c in checks)})
+    largest = runs[max(runs)]
+    write_json(out, {"environment": largest.get("environment"), "model": model, "config": largest.get("config"),
+                     "steps_timed": largest.get("steps_timed"), "steps_warmup": largest.get("steps_warmup"),
+                     "runs": {str(n): run for n, run in runs.items()}, "scaling": table, "targets": checks,
+                     "all_targets_met": all(c["met"] for c in checks)})
     for name, row in sorted(table.items()):
         print(f"{name:20} tokens/s per GPU {row['tokens_per_s_per_gpu']}  efficiency {row['efficiency']}")
     for check in checks:
         print(f"[{'ok' if check['met'] else 'MISSED'}] {check['name']}: {check['value']} (target {check['target']})")
-    chart(runs, table, args.out.with_suffix(".png"), args.model)
-    print(f"wrote {args.out}", flush=True)
-    return 1 if failed else 0
+    chart(runs, table, out.with_suffix(".png"), model)
+    print(f"wrote {out}", flush=True)
 
 
 def chart(runs: dict[int, dict[str, Any]], table: dict[str, dict[str, Any]], path: pathlib.Path,

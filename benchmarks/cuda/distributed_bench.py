@@ -416,6 +416,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int,
                         help="decoder layers (default: the shape's own; llama-3.1-8b-4l --layers 32 is the "
                              "Llama-3.1-8B shape at full depth)")
+    parser.add_argument("--combine", metavar="N=FILE,...",
+                        help="no run: write --out (scaling, chart) from result files of separate jobs at N GPUs")
     parser.add_argument("--steps", type=int, default=17, help="timed steps (with the warm-up: 20 losses compared)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (Triton compiles, AdamW states)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -447,10 +449,16 @@ def main() -> None:
 
     if args.model != DEFAULT_MODEL and args.model not in models_bench.MODELS:
         parser.error(f"unknown model {args.model!r}; choose from {[DEFAULT_MODEL, *models_bench.MODELS]}")
+    kernelized = {name: baseline(name) for name, (_, order) in VARIANTS.items() if order is not None}
+    if args.combine:
+        from _scaling import combine
+
+        parts = dict(item.split("=", 1) for item in args.combine.split(","))
+        combine({int(n): pathlib.Path(path) for n, path in parts.items()}, args.out, baseline=kernelized.get)
+        return
     if args.nprocs:
         from _scaling import scale
 
-        kernelized = {name: baseline(name) for name, (_, order) in VARIANTS.items() if order is not None}
         sys.exit(scale(args, [int(n) for n in args.nprocs.split(",")], script=__file__, baseline=kernelized.get))
     from _common import write_json
 
