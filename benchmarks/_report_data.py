@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -96,9 +97,42 @@ _MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B
                 "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
 
 
+# The published depth of the shapes above that are cut to fewer layers.
+_FULL_DEPTH = {"qwen3-30b-a3b-4l": 48, "mixtral-8x7b-2l": 32, "gemma-3-4b-6l": 34, "llama-3.1-8b-4l": 32}
+
+
+def _model_name(data: dict) -> str:
+    """The shape's name, with the depth a run set (``distributed_bench.py --layers``) instead of the default's."""
+    model = data.get("model", "?")
+    runs = list((data.get("runs") or {}).values())
+    layers = data.get("layers") or next((run.get("layers") for run in runs if run.get("layers")), None)
+    name = _MODEL_NAMES.get(model, model)
+    if not layers:
+        return name
+    depth = "full depth" if _FULL_DEPTH.get(model) == layers else f"{layers} layers"
+    return re.sub(r" \(\d+ layers\)$", "", name) + f" ({depth})"
+
+
+def _fsdp_setup(data: dict) -> str:
+    """The FSDP2 set-up a distributed_bench run departs from the default in (optimizer, layers per unit), or ""."""
+    config = str(data.get("config") or next(iter((data.get("runs") or {}).values()), {}).get("config", ""))
+    notes = ["foreach AdamW"] if "AdamW(foreach" in config else []
+    unit = re.search(r"per (\d+) decoder layer", config)
+    if unit and unit.group(1) != "1":
+        notes.append(f"{unit.group(1)} layers per FSDP2 unit")
+    return ", ".join(notes)
+
+
 # models_bench results in the headline: (variant, baseline) pairs per file; the issue's targets are set this way.
 _MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
                     "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
+
+
+# Results on the benchmarks page only: the README's table keeps one row per question (the others are repeats, the
+# other optimizer, or a smaller GPU count of a shape measured on more).
+_PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1xh200",
+              "distributed-scaling-foreach-4xh200", "distributed-4-layers-per-unit-foreach-2xh200",
+              "distributed-llama-3.1-8b-2xh200"}
 
 
 # distributed_bench variants in the headline, with the baseline each is compared with.

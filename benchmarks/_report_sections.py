@@ -7,9 +7,11 @@ import re
 from _report_data import _MODEL_NAMES
 from _report_data import _commit
 from _report_data import _device
+from _report_data import _fsdp_setup
 from _report_data import _gpu_counts
 from _report_data import _gpus
 from _report_data import _long_device
+from _report_data import _model_name
 from _report_data import _short_device
 from _report_data import _table
 
@@ -25,7 +27,8 @@ def _trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
                      f"{v['peak_memory_gib']:.2f}", "-"))
     summary = {key: value for key, value in data.get("summary", {}).items() if value is not None}
     where = f"one `torchrun` of {gpus} processes per variant" if gpus > 1 else "one process per variant"
-    parts = [f"## Trainer, Qwen3-0.6B shape, {_short_device(data)} (`{stem}.json`)", "",
+    shape = data.get("shape", "Qwen3-0.6B").split(",")[0]
+    parts = [f"## Trainer, {shape}, {_short_device(data)} (`{stem}.json`)", "",
              f"{data.get('shape', '')}; {data.get('steps')} steps, {data.get('warmup_steps')} warm-up; "
              f"{_long_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/trainer_bench.py`, {where}. "
              "Steady tokens/s leaves out the warm-up steps (and compilation); the Trainer's own figure "
@@ -49,11 +52,12 @@ def _loss_diff(data: dict, variant: str) -> str:
 
 
 def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+    model = _model_name(data)
+    setup = _fsdp_setup(data)
     counts = _gpu_counts(data)
     runs = [(int(n), data["runs"][n]) for n in counts] or [(_gpus(data), data)]
     where = " and ".join(str(gpus) for gpus, _ in runs) + f" {_short_device(data, 1)}s"
-    parts = [f"## FSDP2 training, {model}, {where} (`{stem}.json`)", "",
+    parts = [f"## FSDP2 training, {model}{', ' + setup if setup else ''}, {where} (`{stem}.json`)", "",
              f"{data.get('config', '')}; {data.get('steps_timed')} timed steps after {data.get('steps_warmup')} "
              f"warm-up; {_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
              "`torchrun` job per GPU count running the variants one after the other from the same seeds and data. "
@@ -86,20 +90,12 @@ def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[s
         if {"eager", "kernelize_before"} <= scaling.keys() and "kernelize_before" in last.get("ratios_vs_eager", {}):
             k_eff = scaling["kernelize_before"]["efficiency"][counts[-1]]
             e_eff = scaling["eager"]["efficiency"][counts[-1]]
-            note = (f"Kernelized before `fully_shard`, the model runs "
-                    f"{first['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x eager on {counts[0]} GPU "
-                    f"and {last['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x on {counts[-1]}: per "
-                    f"GPU it keeps {k_eff:.2f} of its {counts[0]}-GPU throughput, eager {e_eff:.2f}.")
-            if k_eff < e_eff:
-                note += (" Why: under FSDP2 the kernelized step is host-bound. A host profile on one H200 "
-                         "(`distributed_bench.py --host-profile`, Qwen3-0.6B shape) has the host busy for the whole "
-                         "step, about 170 ms, in FSDP2's per-unit all-gather, reduce-scatter and hooks and in kernel "
-                         "launches, while the same kernelized step without FSDP2 takes about 90 ms on an H100; "
-                         "eager's "
-                         "longer GPU work hides that host time. Sharding four decoder layers per FSDP2 unit "
-                         "(`--layers-per-unit 4`) raised kernelize to 1.25-1.48x eager on one H200 in a first run "
-                         "whose rounds varied by 10-20%; eager did not change.")
-            parts += [note, ""]
+            parts += [f"Kernelized before `fully_shard`, the model runs "
+                      f"{first['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x eager on {counts[0]} GPU "
+                      f"and {last['ratios_vs_eager']['kernelize_before']['tokens_per_s']:.2f}x on {counts[-1]}: per "
+                      f"GPU it keeps {k_eff:.2f} of its {counts[0]}-GPU throughput, eager {e_eff:.2f}. Why the "
+                      "kernelized step scales worse under FSDP2, and the set-up that keeps more of the gain: "
+                      "[Integrations, FSDP2](integrations.md#fsdp2).", ""]
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts

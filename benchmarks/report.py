@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report_data import _DISTRIBUTED_HEADLINE  # noqa: E402
 from _report_data import _MODEL_NAMES  # noqa: E402
 from _report_data import _MODELS_HEADLINE  # noqa: E402
+from _report_data import _PAGE_ONLY  # noqa: E402
 from _report_data import RESULTS  # noqa: E402
 from _report_data import ROOT  # noqa: E402
 from _report_data import _commit  # noqa: E402
@@ -36,11 +37,13 @@ from _report_data import _commits  # noqa: E402
 from _report_data import _date  # noqa: E402
 from _report_data import _device  # noqa: E402
 from _report_data import _env  # noqa: E402
+from _report_data import _fsdp_setup  # noqa: E402
 from _report_data import _gpu_counts  # noqa: E402
 from _report_data import _gpus  # noqa: E402
 from _report_data import _k  # noqa: E402
 from _report_data import _long_device  # noqa: E402
 from _report_data import _median  # noqa: E402
+from _report_data import _model_name  # noqa: E402
 from _report_data import _per_gpu  # noqa: E402
 from _report_data import _rows  # noqa: E402
 from _report_data import _short_device  # noqa: E402
@@ -114,9 +117,29 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             f"({peak['kernelize']:.1f} GiB{each})", _commit(data),
             label=f"Trainer under FSDP2, Qwen3-0.6B: KernelizeCallback ({_short_device(data)}) vs plain Trainer")
     for stem, data in results.items():
-        if not stem.startswith("distributed-"):
+        if not (stem.startswith("trainer-zero") and "results" in data):
             continue
-        model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+        tok, peak = _trainer_numbers(data)
+        if not {"plain", "liger", "kernelize", "kernelize_before"} <= tok.keys():
+            continue
+        stage = re.search(r"ZeRO-(\d)", data.get("shape", "")) or re.search(r"zero(\d)", stem)
+        each = _per_gpu(_gpus(data))
+        for variant, how in (("kernelize_before", "kernelize, then the Trainer"),
+                             ("kernelize", "`KernelizeCallback`")):
+            add(stem, f"Trainer under DeepSpeed ZeRO-{stage.group(1)}, Qwen3-0.6B shape: {how}",
+                "plain Trainer / `use_liger_kernel=True`", tok[variant] / tok["plain"],
+                f"**{tok[variant] / tok['plain']:.2f}x** / {tok[variant] / tok['liger']:.2f}x "
+                f"({_k(tok[variant])} tok/s)",
+                f"{peak[variant] / peak['plain']:.2f}x / {peak[variant] / peak['liger']:.2f}x "
+                f"({peak[variant]:.1f} GiB{each})", _commit(data),
+                label=f"Trainer under ZeRO-{stage.group(1)}, Qwen3-0.6B: {how.replace('`', '')} "
+                      f"({_short_device(data)}) vs plain Trainer")
+    for stem, data in results.items():
+        if not stem.startswith("distributed-") or stem in _PAGE_ONLY:
+            continue
+        model = _model_name(data)
+        setup = _fsdp_setup(data)
+        model += f" ({setup})" if setup else ""
         counts = _gpu_counts(data)
         if counts:  # one run per GPU count: each count's ratio, charted at the largest
             runs = [data["runs"][n] for n in counts]
@@ -139,9 +162,13 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             if ratio is None or variant not in variants:
                 continue
             bold = "**" if variant == "kernelize_before" else ""
-            add(stem, f"FSDP2 training, {model}: {label}", against, ratio["tokens_per_s"],
-                f"{bold}{ratio['tokens_per_s']:.2f}x{bold} ({_k(variants[variant]['tokens_per_s'])} tok/s)",
-                f"{ratio['peak']:.2f}x ({variants[variant]['peak_GiB']:.1f} GiB/GPU)", _commit(data))
+            liger = data.get("ratios_vs_eager", {}).get(f"{variant}_vs_liger")
+            versus = "" if liger is None else f" / {liger['tokens_per_s']:.2f}x"
+            add(stem, f"FSDP2 training, {model}: {label}", against + (" / Liger-Kernel" if liger else ""),
+                ratio["tokens_per_s"],
+                f"{bold}{ratio['tokens_per_s']:.2f}x{bold}{versus} ({_k(variants[variant]['tokens_per_s'])} tok/s)",
+                f"{ratio['peak']:.2f}x" + ("" if liger is None else f" / {liger['peak']:.2f}x")
+                + f" ({variants[variant]['peak_GiB']:.1f} GiB/GPU)", _commit(data))
     for stem, (label, pairs) in _MODELS_HEADLINE.items():
         if stem not in results:
             continue
