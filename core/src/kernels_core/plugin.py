@@ -14,8 +14,8 @@ Example:
     ... def kernels_core_kernels():
     ...     return [KernelSpec(id="acme.rms_norm.fused", kind="rms_norm", variants=("standard",), backend="acme",
     ...                        impl="kernels_acme._ops:rms_norm", priority=100, supports=Supports.BACKWARD)]
-    >>> [spec.id for spec in kernels_core_kernels()]
-    ['acme.rms_norm.fused']
+    >>> kernels_core_kernels()[0].id
+    'acme.rms_norm.fused'
 """
 
 from __future__ import annotations
@@ -78,22 +78,24 @@ __all__ = [
     "rel_error",
 ]
 
-#: The version of this API, ``"MAJOR.MINOR"``. A minor release only adds to it; a new major one changes or removes
-#: something a plugin may rely on. A plugin states the version it was written for in a module attribute named
-#: :data:`API_ATTRIBUTE` of its entry-point module (``KERNELS_CORE_PLUGIN_API = "1.0"``). kernels-core loads a
-#: plugin stating any ``1.x``, and one stating nothing as written for ``1.0``; one stating another major version
-#: (or no ``MAJOR.MINOR`` string) is refused: it is listed by ``kernels-core plugins`` with status ``refused`` and
-#: the reason, warned about once, and none of its hooks are called (with ``KERNELS_CORE_STRICT_PLUGINS=1``,
-#: :class:`~kernels_core.PluginError` is raised instead).
 PLUGIN_API_VERSION = "1.0"
+"""The version of this API, ``"MAJOR.MINOR"``. A minor release only adds to it; a new major one changes or removes
+something a plugin may rely on. A plugin states the version it was written for in a module attribute named
+:data:`API_ATTRIBUTE` of its entry-point module (``KERNELS_CORE_PLUGIN_API = "1.0"``). kernels-core loads a plugin
+stating any ``1.x``, and one stating nothing as written for ``1.0``; one stating another major version (or no
+``"MAJOR.MINOR"`` string) is refused: ``kernels-core plugins`` lists it with status ``refused`` and the reason, one
+warning is logged, and none of its hooks is called (with ``KERNELS_CORE_STRICT_PLUGINS=1``,
+:class:`~kernels_core.PluginError` is raised instead)."""
+
 API_ATTRIBUTE = "KERNELS_CORE_PLUGIN_API"
+"""The name of the entry-point module's attribute stating the plugin API version (see :data:`PLUGIN_API_VERSION`)."""
 
 PROJECT_NAME = "kernels_core"
-hookspec = pluggy.HookspecMarker(PROJECT_NAME)
-#: Marks a function (or method) of a plugin as the implementation of one of the :class:`Hooks`; pluggy's options
-#: apply: ``tryfirst``/``trylast`` order the calls, ``wrapper=True`` wraps the other implementations, ``specname``
-#: names the hook when the function is named otherwise. The old-style ``hookwrapper=True`` is refused.
+_hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Marks a function (or method) of a plugin as the implementation of one of the :class:`Hooks`. pluggy's options
+apply: ``tryfirst``/``trylast`` order the calls, ``wrapper=True`` wraps the other implementations, ``specname``
+names the hook when the function is named otherwise. The old-style ``hookwrapper=True`` is refused."""
 
 
 class Hooks:
@@ -123,7 +125,7 @@ class Hooks:
         ...     return [[spec for spec in specs if spec.backend != "cpu"] for specs in results]
     """
 
-    @hookspec
+    @_hookspec
     def kernels_core_detect_devices(self) -> Iterable[BackendInfo]:
         """Report the backends this plugin can drive and the devices present for each.
 
@@ -140,7 +142,7 @@ class Hooks:
             ...     return [BackendInfo(backend="cpu", device_type="cpu", devices=(DeviceInfo(0, "host"),))]
         """
 
-    @hookspec
+    @_hookspec
     def kernels_core_layer_kinds(self) -> Iterable[LayerKind]:
         """Declare layer kinds (families of layers sharing one piece of math) this plugin adds.
 
@@ -151,7 +153,7 @@ class Hooks:
         reference; strict kernelize raises instead.
         """
 
-    @hookspec
+    @_hookspec
     def kernels_core_kernels(self) -> Iterable[KernelSpec]:
         """Declare the kernels this plugin offers, as :class:`KernelSpec` values.
 
@@ -169,7 +171,7 @@ class Hooks:
             ...                        backend="cpu", impl="my_plugin.ops:rms_norm", supports=Supports.BACKWARD)]
         """
 
-    @hookspec(firstresult=True)
+    @_hookspec(firstresult=True)
     def kernels_core_bind_kernel(self, module: nn.Module, match: Match, kernel: KernelSpec,
                                  forward: Callable[..., Any]) -> Binding | None:
         """Decide how a kernel kernelize chose is attached to one module instance.
@@ -231,25 +233,27 @@ class ConformanceCases(Protocol):
 
 
 class Tolerance(NamedTuple):
-    """Relative-error bounds (``max|a - b| / max|b|``) of one dtype."""
+    """Relative-error bounds (``max|a - b| / max|b|``) of one dtype: ``probe``, below which a matcher's probe counts
+    as the module computing the reference math (:func:`probe_tolerance`), and ``kernel``, for a kernel against the
+    eager module it replaces (``kernels-core check``, ``kernels_core.testing.assert_close``)."""
 
-    #: Below it a matcher's probe counts as the module computing the reference math (:func:`probe_tolerance`).
     probe: float
-    #: A kernel against the eager module it replaces (``kernels-core check``, ``testing.assert_close``).
     kernel: float
 
 
-# probe: generous enough for a module computing in another order than the reference, tight enough that a (1 + w)
-# offset, another activation or a missing multiplier (errors of order 1) never passes.
-# kernel: bf16 keeps 8 mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in
-# another order or keeps an fp32 intermediate the eager code rounds differs by a few ulps of the output, so the
-# bounds are a few eps. fp32 differences come from reduction order only.
 TOLERANCES: Mapping[str, Tolerance] = MappingProxyType({
     "float64": Tolerance(probe=1e-8, kernel=1e-10),
     "float32": Tolerance(probe=1e-4, kernel=2e-5),
     "float16": Tolerance(probe=4e-3, kernel=4e-3),
     "bfloat16": Tolerance(probe=3e-2, kernel=2e-2),
 })
+"""The relative-error bounds of each dtype, by torch name, read by the core's matchers and checks alike.
+
+``probe`` is generous enough for a module computing in another order than the reference, and tight enough that a
+(1 + w) offset, another activation or a missing multiplier (errors of order 1) never passes. ``kernel``: bf16 keeps
+8 mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in another order or keeps an
+fp32 intermediate the eager code rounds differs by a few ulps of the output, so the bounds are a few eps; fp32
+differences come from reduction order only."""
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
