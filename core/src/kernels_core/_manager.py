@@ -66,7 +66,7 @@ ENTRY_POINT_GROUP = "kernels_core.plugins"
 ENV_ALLOW = "KERNELS_CORE_PLUGINS"
 ENV_BLOCK = "KERNELS_CORE_DISABLE_PLUGINS"
 ENV_TRACE = "KERNELS_CORE_TRACE_PLUGINS"
-# The built-in plugin declares the layer kinds and the default binder; without it nothing can be matched.
+# The built-in plugin declares the layer kinds; without it nothing can be matched.
 UNBLOCKABLE = frozenset({"builtin"})
 # Entry names only the kernels-core distribution may advertise, with the module each one must be.
 CORE_DISTRIBUTION = "kernels-core"
@@ -496,7 +496,7 @@ class KernelsPluginManager:
         (``firstresult``, its wrappers included), or None where that plugin implements none."""
         plugin = self._pm.get_plugin(plugin_name)
         hook = self._pm.hook.kernels_core_bind_kernel
-        if plugin is None or not any(i.plugin is plugin and not i.wrapper for i in hook.get_hookimpls()):
+        if plugin is None or not any(impl.plugin is plugin for impl in hook.get_hookimpls()):
             return None
         others = [other for _name, other in self._pm.list_name_plugin() if other is not plugin]
         return self._pm.subset_hook_caller("kernels_core_bind_kernel", remove_plugins=others)
