@@ -115,7 +115,7 @@ class Hooks:
     not declared, an entry it adds or replaces counts as declared by the wrapper's plugin. A wrapper that raises or
     returns something else is skipped like a raising implementation, and the results it was sent stand. What the
     order never decides is which kernel a module gets: that is data (priority, then plugin name, then kernel id);
-    a clash between two plugins' layer kinds keeps the kind of the plugin whose name sorts first.
+    a clash between two plugins' layer kinds keeps the core's kind, else that of the plugin whose name sorts first.
 
     Example:
         >>> from kernels_core.plugin import hookimpl
