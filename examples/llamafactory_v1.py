@@ -52,8 +52,8 @@ def main() -> int:
 
     import kernels_core
     import kernels_core.integrations.llamafactory  # noqa: F401  (registers KernelPlugin("kernels_core"))
-    from kernels_core.integrations._llamafactory_tiny import save_tiny_chat_model
-    from kernels_core.integrations._llamafactory_tiny import write_tiny_sft_dataset
+    from kernels_core.testing import save_tiny_chat_model
+    from kernels_core.testing import write_tiny_sft_dataset
 
     config = OmegaConf.to_container(OmegaConf.load(HERE / "llamafactory_v1.yaml"))
     with tempfile.TemporaryDirectory() as tmp:

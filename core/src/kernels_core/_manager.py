@@ -1,9 +1,10 @@
-"""Loading plugins from entry points and collecting what they declare, one plugin at a time.
+"""Loading plugins from entry points and collecting what they declare through pluggy's hooks.
 
-pluggy's own ``load_setuptools_entrypoints`` imports every plugin with no error isolation and its hook calls
-stop at the first exception, so this module loads each entry point and calls each plugin's hooks separately:
-a plugin that fails to import, raises in a hook or declares malformed data is skipped as a whole, with one
-warning naming it, its distribution and version, and every other plugin keeps working.
+pluggy's own ``load_setuptools_entrypoints`` imports every plugin with no error isolation, so this module loads
+each entry point itself; hooks are called through pluggy (``pm.hook``) with each implementation isolated
+(:mod:`kernels_core._pluggy`). A plugin that fails to import, states an incompatible plugin API version, raises in
+a hook or declares malformed data is skipped as a whole, with one warning naming it, its distribution and version,
+and every other plugin keeps working.
 
 The names ``builtin`` and ``portable`` belong to the kernels-core distribution: another distribution advertising
 them is refused before its module is imported, so it can neither replace the core's layer kinds nor run code.
@@ -14,16 +15,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from collections.abc import Iterable
 from importlib import metadata as importlib_metadata
 from types import ModuleType
 
 import pluggy
 
-from . import _hookspecs
 from ._config import env_flag
 from ._forward import ref_problem
-from ._plugin_checks import CrossPluginChecks
+from ._pluggy import IsolatingPluginManager
+from ._plugin_checks import cross_check
 from ._plugin_info import ENV_STRICT
 from ._plugin_info import Contribution
 from ._plugin_info import KernelFallbackWarning
@@ -37,8 +39,13 @@ from ._plugin_info import replace_info
 from ._plugin_info import warn_fallback
 from ._types import ANY_BACKEND
 from ._types import BackendInfo
+from ._types import Binding
 from ._types import KernelSpec
 from ._types import LayerKind
+from .plugin import API_ATTRIBUTE
+from .plugin import PLUGIN_API_VERSION
+from .plugin import PROJECT_NAME
+from .plugin import Hooks
 
 
 __all__ = [
@@ -59,11 +66,17 @@ ENTRY_POINT_GROUP = "kernels_core.plugins"
 ENV_ALLOW = "KERNELS_CORE_PLUGINS"
 ENV_BLOCK = "KERNELS_CORE_DISABLE_PLUGINS"
 ENV_TRACE = "KERNELS_CORE_TRACE_PLUGINS"
-# The built-in plugin declares the layer kinds and the default binder; without it nothing can be matched.
+# The built-in plugin declares the layer kinds; without it nothing can be matched.
 UNBLOCKABLE = frozenset({"builtin"})
 # Entry names only the kernels-core distribution may advertise, with the module each one must be.
 CORE_DISTRIBUTION = "kernels-core"
 RESERVED = {"builtin": "kernels_core._builtin", "portable": "kernels_core._builtin.portable"}
+# The declaration hooks: the type of the values each returns a list of, and the Contribution slot they fill.
+DECLARATIONS = {
+    "kernels_core_detect_devices": (BackendInfo, "backends"),
+    "kernels_core_layer_kinds": (LayerKind, "kinds"),
+    "kernels_core_kernels": (KernelSpec, "kernels"),
+}
 
 
 def _env_list(name: str) -> frozenset[str] | None:
@@ -80,7 +93,30 @@ def _env_flag(name: str) -> bool:
     return bool(env_flag(name))
 
 
-class KernelsPluginManager(CrossPluginChecks):
+def api_problem(stated: object) -> str | None:
+    """Why a plugin stating plugin API version ``stated`` (None: it states none) cannot load here, or None.
+
+    Example:
+        >>> api_problem("1.7") is None, api_problem(None) is None
+        (True, True)
+        >>> api_problem("2.0")
+        "written for kernels-core's plugin API 2.0, but this kernels-core provides 1.0: ..."
+    """
+    if stated is None:
+        return None
+    major = PLUGIN_API_VERSION.split(".")[0]
+    parts = stated.split(".") if isinstance(stated, str) else []
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return (f"states {API_ATTRIBUTE} = {stated!r}, which is not a 'MAJOR.MINOR' version string such as "
+                f"{PLUGIN_API_VERSION!r}")
+    if parts[0] != major:
+        return (f"written for kernels-core's plugin API {stated}, but this kernels-core provides "
+                f"{PLUGIN_API_VERSION}: a plugin for API {parts[0]}.x does not load here. Install a release of the "
+                f"plugin written for API {major}.x, or a kernels-core providing API {parts[0]}.x")
+    return None
+
+
+class KernelsPluginManager:
     """The plugins of one process (or one test), their declarations, and who declared what.
 
     Example:
@@ -107,8 +143,8 @@ class KernelsPluginManager(CrossPluginChecks):
         self.strict = _env_flag(ENV_STRICT) if strict is None else strict
         self.allow = frozenset(allow) if allow is not None else _env_list(ENV_ALLOW)
         self.block = frozenset(block) if block is not None else (_env_list(ENV_BLOCK) or frozenset())
-        self._pm = pluggy.PluginManager(_hookspecs.PROJECT_NAME)
-        self._pm.add_hookspecs(_hookspecs)
+        self._pm = IsolatingPluginManager(PROJECT_NAME, {hook: kind for hook, (kind, _) in DECLARATIONS.items()})
+        self._pm.add_hookspecs(Hooks)
         if _env_flag(ENV_TRACE):
             self._pm.trace.root.setwriter(lambda line: logger.info("pluggy: %s", line.rstrip()))
             self._pm.enable_tracing()
@@ -247,6 +283,16 @@ class KernelsPluginManager(CrossPluginChecks):
         return None
 
     def _register(self, plugin: object, info: PluginInfo) -> None:
+        stated = getattr(plugin, API_ATTRIBUTE, None)
+        info = replace_info(info, api_version=stated if isinstance(stated, str) else None)
+        problem = api_problem(stated)
+        if problem is not None:
+            self._infos[info.name] = replace_info(info, status="refused", reason=problem)
+            message = f"kernels-core plugin {info.name!r} ({info.origin}) refused: {problem}"
+            if self.strict:
+                raise PluginError(info.name, message)
+            logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
+            return
         try:
             self._pm.register(plugin, name=info.name)
             self._check_pending(info.name)
@@ -260,7 +306,7 @@ class KernelsPluginManager(CrossPluginChecks):
 
     def _check_pending(self, name: str) -> None:
         # pluggy's check_pending() covers every plugin; doing it per registration names the culprit.
-        known = {spec for spec in dir(_hookspecs) if spec.startswith("kernels_core_")}
+        known = {spec for spec in dir(Hooks) if spec.startswith("kernels_core_")}
         plugin = self._pm.get_plugin(name)
         for attr in dir(plugin):
             if not attr.startswith("kernels_core_") or attr in known:
@@ -271,6 +317,11 @@ class KernelsPluginManager(CrossPluginChecks):
                     f"unknown hook {attr!r} (misspelled?); known hooks: {', '.join(sorted(known))}",
                 )
         self._pm.check_pending()
+        for caller in self._pm.get_hookcallers(plugin) or ():
+            if any(impl.plugin is plugin and impl.hookwrapper for impl in caller.get_hookimpls()):
+                raise pluggy.PluginValidationError(
+                    plugin, f"{caller.name} is an old-style hookwrapper=True wrapper; kernels-core takes new-style "
+                            "wrappers only: @hookimpl(wrapper=True), returning the (edited) result")
 
     def _fail(self, info: PluginInfo, reason: str, exc: BaseException | None = None) -> None:
         self._infos[info.name] = replace_info(info, status="failed", reason=reason)
@@ -304,58 +355,45 @@ class KernelsPluginManager(CrossPluginChecks):
     def _collect(self) -> dict[str, Contribution]:
         # Recomputed on every collection (a strict failure may have left a partial one behind).
         self._collect_conflicts, self._soft_problems, self._rejected = [], {}, []
-        contributions: dict[str, Contribution] = {}
-        hooks = (
-            ("kernels_core_detect_devices", BackendInfo, "backends"),
-            ("kernels_core_layer_kinds", LayerKind, "kinds"),
-            ("kernels_core_kernels", KernelSpec, "kernels"),
-        )
-        for name in sorted(n for n, i in self._infos.items() if i.status == "loaded"):
-            plugin = self._pm.get_plugin(name)
-            contribution = Contribution()
-            try:
-                for hook_name, expected, slot in hooks:
-                    function = getattr(plugin, hook_name, None)
-                    if function is None or self._pm.parse_hookimpl_opts(plugin, hook_name) is None:
-                        continue
-                    try:
-                        result = function()
-                    except Exception as exc:  # noqa: BLE001 - a raising hook skips only its plugin
-                        raise _SkipPlugin(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
-                    if result is None:
-                        # Usually a forgotten ``return``: the plugin declares nothing here, which is worth a word.
-                        self._soft_problem(name, f"hook {hook_name} returned None, so it declares nothing; "
-                                                 f"return a list of {expected.__name__} (an empty list when "
-                                                 "there is nothing to declare)")
-                        continue
-                    if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
-                        raise _SkipPlugin(f"hook {hook_name} returned {type(result).__name__} {result!r}; expected "
-                                          f"a list of {expected.__name__} (wrap a single value in a list)")
-                    try:
-                        values = list(result)
-                    except Exception as exc:  # noqa: BLE001 - a raising generator skips only its plugin
-                        raise _SkipPlugin(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
-                    for value in values:
-                        if not isinstance(value, expected):
-                            raise _SkipPlugin(
-                                f"hook {hook_name} returned {type(value).__name__} {value!r}; "
-                                f"expected {expected.__name__}"
-                            )
-                    getattr(contribution, slot).extend(values)
-            except _SkipPlugin as skip:
-                self._infos[name] = replace_info(self._infos[name], status="skipped", reason=str(skip))
-                info = self._infos[name]
-                message = f"kernels-core plugin {name!r} ({info.origin}) skipped: {skip}"
-                if self.strict:
-                    raise PluginError(name, message) from skip.__cause__
-                logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
-                continue
-            contributions[name] = contribution
-        self._validate_cross_plugin(contributions)
+        contributions = {name: Contribution() for name, i in sorted(self._infos.items()) if i.status == "loaded"}
+        failed: dict[str, tuple[str, BaseException | None]] = {}
+        for hook, (_type, slot) in DECLARATIONS.items():
+            declared, faults = self._pm.declare(hook)
+            for fault in faults:
+                if fault.soft:
+                    self._soft_problem(fault.plugin, fault.problem)
+                else:
+                    failed.setdefault(fault.plugin, (fault.problem, fault.error))
+            for plugin, value in declared:
+                if plugin in contributions:
+                    getattr(contributions[plugin], slot).append(value)
+        for name in sorted(failed):
+            contributions.pop(name, None)
+            self._skip(name, *failed[name])
+        found = cross_check(contributions)
+        for skip in found.skipped:
+            self._skip(skip.plugin, skip.reason, clash=skip.clash)
+        for conflict in found.conflicts:
+            self._note_conflict(conflict)
+        for name, spec, reason in found.rejected:
+            # One kernel of a loaded plugin dropped (its others stay): listed, warned once, raised if strict.
+            self._rejected.append((spec, self._infos[name], reason))
+            self._soft_problem(name, f"kernel {spec.id!r} ignored: {reason}")
         for name, problems in self._soft_problems.items():
             if self._infos[name].status == "loaded":
                 self._infos[name] = replace_info(self._infos[name], reason="; ".join(problems))
-        return contributions
+        return found.kept
+
+    def _skip(self, name: str, reason: str, error: BaseException | None = None, *, clash: bool = False) -> None:
+        """Skip a loaded plugin whole for this collection: warned (as a conflict for a clash), raised if strict."""
+        self._infos[name] = replace_info(self._infos[name], status="skipped", reason=reason)
+        message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
+        if clash:
+            self._note_conflict(message)
+        if self.strict:
+            raise PluginError(name, message) from error
+        if not clash:
+            logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
 
     # -- queries -----------------------------------------------------------------------------------------
 
@@ -449,28 +487,19 @@ class KernelsPluginManager(CrossPluginChecks):
                       f"candidate runs instead: {cause}. To fix it, {fix}; to stop trying it, set "
                       f'kernels.disable = ["{spec.id}"] in kernels.toml')
 
-    def default_binding(self, **kwargs: object) -> object:
-        """The built-in plugin's default binding (``trylast``), used when the owning plugin has no opinion."""
-        builtin = self._pm.get_plugin("builtin")
-        if builtin is None:
-            from ._builtin import kernels_core_bind_kernel
+    def default_binding(self, *, forward: object, **_context: object) -> Binding:
+        """The binding of a kernel whose plugin's ``kernels_core_bind_kernel`` has no opinion: the module's forward."""
+        return Binding({"forward": forward})
 
-            return kernels_core_bind_kernel(**kwargs)
-        return builtin.kernels_core_bind_kernel(**kwargs)
-
-    def bind_hook_of(self, plugin_name: str) -> object | None:
-        """The owning plugin's ``kernels_core_bind_kernel`` implementation, if it has one."""
+    def bind_hook_of(self, plugin_name: str) -> Callable[..., object] | None:
+        """``kernels_core_bind_kernel`` as pluggy calls it on plugin ``plugin_name``'s implementations alone
+        (``firstresult``, its wrappers included), or None where that plugin implements none."""
         plugin = self._pm.get_plugin(plugin_name)
-        # Some pluggy versions' parse_hookimpl_opts raise AttributeError for a missing attribute.
-        if plugin is None or not hasattr(plugin, "kernels_core_bind_kernel"):
+        hook = self._pm.hook.kernels_core_bind_kernel
+        if plugin is None or not any(impl.plugin is plugin for impl in hook.get_hookimpls()):
             return None
-        if self._pm.parse_hookimpl_opts(plugin, "kernels_core_bind_kernel") is None:
-            return None
-        return plugin.kernels_core_bind_kernel
-
-
-class _SkipPlugin(Exception):
-    pass
+        others = [other for _name, other in self._pm.list_name_plugin() if other is not plugin]
+        return self._pm.subset_hook_caller("kernels_core_bind_kernel", remove_plugins=others)
 
 
 _GLOBAL: KernelsPluginManager | None = None

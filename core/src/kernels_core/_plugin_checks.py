@@ -1,117 +1,121 @@
-"""Checks across plugins after each has been collected: kind ownership, unknown kinds and variants, id clashes.
+"""Checks across plugins, once each has declared what it offers: kind ownership, unknown kinds and variants, clashes.
 
-A kernel of a kind its plugin does not own is checked against the owner's declaration: an unknown variant drops
-that kernel alone, with the allowed variants named; a second declaration of a kernel id or layer kind is a
-conflict, listed by ``kernels-core plugins``.
+:func:`cross_check` is a pure function of every loaded plugin's declarations: it returns what to keep and what it
+found, and the plugin manager applies that (statuses, warnings, listings, strict mode). A kernel of a kind its
+plugin does not own is checked against the owner's declaration: an unknown variant drops that kernel alone, with
+the allowed variants named; a second declaration of a layer kind skips the later plugin whole; a second one of a
+kernel id, or of one priority for one kind and backend, is a conflict, listed by ``kernels-core plugins``.
+
+Example:
+    >>> from kernels_core._plugin_info import Contribution
+    >>> found = cross_check({"builtin": Contribution()})
+    >>> found.skipped, found.conflicts, found.rejected
+    ([], [], [])
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 
-from ._plugin_info import ENV_STRICT
 from ._plugin_info import Contribution
-from ._plugin_info import PluginError
-from ._plugin_info import PluginInfo
-from ._plugin_info import replace_info
 from ._types import KernelSpec
 from ._types import LayerKind
 
 
-__all__ = ["CrossPluginChecks"]
+__all__ = ["Findings", "Skip", "cross_check"]
 
-logger = logging.getLogger("kernels_core._manager")
+logger = logging.getLogger(__name__)
 
 
-class CrossPluginChecks:
-    """Mixin of :class:`~kernels_core.KernelsPluginManager`: the checks that need every plugin's declarations."""
+@dataclass(frozen=True)
+class Skip:
+    """A plugin to skip whole, and why; ``clash``: it redeclares another plugin's layer kind (also a conflict)."""
 
-    _infos: dict[str, PluginInfo]
-    _rejected: list[tuple[KernelSpec, PluginInfo, str]]
-    strict: bool
-    # Both defined by the manager: record a load-time clash; note a problem that does not stop a loaded plugin.
-    _note_conflict: Callable[[str], None]
-    _soft_problem: Callable[[str, str], None]
-    def _validate_cross_plugin(self, contributions: dict[str, Contribution]) -> None:
-        kind_names = {k.name for c in contributions.values() for k in c.kinds}
-        for name in sorted(contributions):
-            bad = [s.id for s in contributions[name].kernels if s.kind not in kind_names]
-            if bad:
-                reason = f"kernels {bad} name unknown layer kinds; known kinds: {sorted(kind_names)}"
-                self._infos[name] = replace_info(self._infos[name], status="skipped", reason=reason)
-                message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
-                if self.strict:
-                    raise PluginError(name, message)
-                logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
-                del contributions[name]
-        # A layer kind has one owner: the core's own kinds always win; between two plugins the one sorting
-        # first keeps it and the other plugin is skipped whole, since its kernels follow another calling
-        # convention than the kept kind's adapter would use.
-        owners: dict[str, str] = {}
-        for name in sorted(contributions, key=lambda n: (n != "builtin", n)):
-            for kind in contributions[name].kinds:
-                owner = owners.setdefault(kind.name, name)
-                if owner != name:
-                    reason = (f"declares layer kind {kind.name!r}, already declared by plugin {owner!r}; "
-                              "rename the kind")
-                    self._infos[name] = replace_info(self._infos[name], status="skipped", reason=reason)
-                    message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
-                    self._note_conflict(message)
-                    if self.strict:
-                        raise PluginError(name, message)
-                    del contributions[name]
-                    break
-        seen_ids: dict[str, str] = {}
-        seen_kinds: dict[str, str] = {}
-        seen_priority: dict[tuple[str, str, int], str] = {}
-        kinds: dict[str, tuple[LayerKind, str]] = {}
-        for name in sorted(contributions, key=lambda n: (n != "builtin", n)):
-            for k in contributions[name].kinds:
-                kinds.setdefault(k.name, (k, name))
-        for name in sorted(contributions):
-            for kind in contributions[name].kinds:
-                if kind.name in seen_kinds:
-                    self._note_conflict(
-                        f"layer kind {kind.name!r} declared by {seen_kinds[kind.name]!r} and {name!r}; "
-                        f"using {seen_kinds[kind.name]!r}'s"
-                    )
-                else:
-                    seen_kinds[kind.name] = name
-            kept = []
-            for spec in contributions[name].kernels:
-                if spec.kind not in kinds:  # its kind's plugin was skipped above
-                    self._reject(name, spec, f"layer kind {spec.kind!r} is declared by no loaded plugin; "
-                                             f"known kinds: {sorted(kinds)}")
-                    continue
-                kind, kind_owner = kinds[spec.kind]
-                unknown = [v for v in spec.variants if v not in kind.variants]
-                if unknown:
-                    self._reject(name, spec, _variant_problem(spec, unknown, kind, kind_owner))
-                    continue
-                if spec.id in seen_ids:
-                    self._note_conflict(
-                        f"kernel id {spec.id!r} declared by {seen_ids[spec.id]!r} and {name!r}; "
-                        f"using {seen_ids[spec.id]!r}'s"
-                    )
-                    continue
-                seen_ids[spec.id] = name
-                key = (spec.kind, spec.backend, spec.priority)
-                if key in seen_priority and seen_priority[key] != name:
-                    self._note_conflict(
-                        f"plugins {seen_priority[key]!r} and {name!r} both declare priority {spec.priority} for "
-                        f"kind {spec.kind!r} on backend {spec.backend!r}; ties break by plugin name, then kernel id"
-                    )
-                seen_priority.setdefault(key, name)
-                kept.append(spec)
-            contributions[name].kernels = kept
-            contributions[name].kinds = [k for k in contributions[name].kinds if seen_kinds[k.name] == name]
+    plugin: str
+    reason: str
+    clash: bool = False
 
-    def _reject(self, name: str, spec: KernelSpec, reason: str) -> None:
-        """Drop one kernel of a loaded plugin (its other kernels stay): listed, warned once, raised if strict."""
-        self._rejected.append((spec, self._infos[name], reason))
-        self._soft_problem(name, f"kernel {spec.id!r} ignored: {reason}")
+
+@dataclass
+class Findings:
+    """What :func:`cross_check` keeps, in the order it found things: skipped plugins, conflicts, rejected kernels."""
+
+    kept: dict[str, Contribution]
+    skipped: list[Skip] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, KernelSpec, str]] = field(default_factory=list)
+
+
+def _core_first(names: Iterable[str]) -> list[str]:
+    # The core's own kinds always win; between two plugins, the one whose name sorts first.
+    return sorted(names, key=lambda name: (name != "builtin", name))
+
+
+def cross_check(contributions: Mapping[str, Contribution]) -> Findings:
+    """Check every plugin's declarations against the others'; ``contributions`` is left as it is."""
+    found = Findings({name: replace(c, kinds=list(c.kinds), kernels=list(c.kernels))
+                      for name, c in sorted(contributions.items())})
+    kept = found.kept
+    kind_names = {k.name for c in kept.values() for k in c.kinds}
+    for name in list(kept):
+        bad = [s.id for s in kept[name].kernels if s.kind not in kind_names]
+        if bad:
+            found.skipped.append(Skip(name, f"kernels {bad} name unknown layer kinds; known kinds: "
+                                            f"{sorted(kind_names)}"))
+            del kept[name]
+    # A second plugin declaring a kind is skipped whole: its kernels follow another calling convention than the
+    # kept kind's adapter would use.
+    kinds: dict[str, tuple[LayerKind, str]] = {}
+    for name in _core_first(kept):
+        clash = next((k.name for k in kept[name].kinds if kinds.get(k.name, (None, name))[1] != name), None)
+        if clash is not None:
+            found.skipped.append(Skip(name, f"declares layer kind {clash!r}, already declared by plugin "
+                                            f"{kinds[clash][1]!r}; rename the kind", clash=True))
+            del kept[name]
+            continue
+        unique: list[LayerKind] = []
+        for kind in kept[name].kinds:
+            if kind.name in kinds:
+                found.conflicts.append(f"layer kind {kind.name!r} declared twice by {name!r}; using the first")
+                continue
+            kinds[kind.name] = (kind, name)
+            unique.append(kind)
+        kept[name].kinds = unique
+    seen_ids: dict[str, str] = {}
+    seen_priority: dict[tuple[str, str, int], str] = {}
+    for name, contribution in kept.items():
+        kernels = []
+        for spec in contribution.kernels:
+            if spec.kind not in kinds:  # the plugin declaring its kind was skipped above
+                found.rejected.append((name, spec, f"layer kind {spec.kind!r} is declared by no loaded plugin; "
+                                                   f"known kinds: {sorted(kinds)}"))
+                continue
+            kind, owner = kinds[spec.kind]
+            unknown = [v for v in spec.variants if v not in kind.variants]
+            if unknown:
+                found.rejected.append((name, spec, _variant_problem(spec, unknown, kind, owner)))
+                continue
+            if spec.id in seen_ids:
+                found.conflicts.append(f"kernel id {spec.id!r} declared by {seen_ids[spec.id]!r} and {name!r}; "
+                                       f"using {seen_ids[spec.id]!r}'s")
+                continue
+            seen_ids[spec.id] = name
+            key = (spec.kind, spec.backend, spec.priority)
+            if seen_priority.setdefault(key, name) != name:
+                found.conflicts.append(
+                    f"plugins {seen_priority[key]!r} and {name!r} both declare priority {spec.priority} for kind "
+                    f"{spec.kind!r} on backend {spec.backend!r}; ties break by plugin name, then kernel id")
+            kernels.append(spec)
+        contribution.kernels = kernels
+    logger.debug("cross-plugin check: kept %s, skipped %s, %d conflict(s), %d kernel(s) rejected", sorted(kept),
+                 [s.plugin for s in found.skipped], len(found.conflicts), len(found.rejected))
+    return found
 
 
 def _variant_problem(spec: KernelSpec, unknown: list[str], kind: LayerKind, owner: str) -> str:

@@ -94,9 +94,11 @@ class PluginInfo:
     """What the core knows about one plugin, for listings, reports and error messages.
 
     ``status`` is ``loaded``, ``blocked`` (allow or block list: never imported), ``refused`` (a reserved or
-    already taken name: never imported), ``failed`` (import or hook validation failed) or ``skipped`` (its
-    declarations were malformed or clash with another plugin's). ``reason`` says why; a ``loaded`` plugin with a
-    reason has a problem that did not stop it (a hook returned ``None``, a kernel was rejected).
+    already taken name: never imported; or a plugin API version this kernels-core does not provide: imported, no
+    hook called), ``failed`` (import or hook validation failed) or ``skipped`` (its declarations were malformed or
+    clash with another plugin's). ``reason`` says why; a ``loaded`` plugin with a reason has a problem that did not
+    stop it (a hook returned ``None``, a kernel was rejected). ``api_version`` is the plugin API version the
+    plugin states (``KERNELS_CORE_PLUGIN_API``, see :data:`kernels_core.plugin.PLUGIN_API_VERSION`), if any.
     """
 
     name: str
@@ -105,6 +107,7 @@ class PluginInfo:
     version: str | None = None
     status: str = "loaded"
     reason: str | None = None
+    api_version: str | None = None
 
     @property
     def origin(self) -> str:

@@ -28,6 +28,9 @@ from ._manager import ENV_STRICT
 from ._manager import ENV_TRACE
 from ._manager import KernelsPluginManager
 from ._plugin_info import reset_fallbacks
+from .integrations._llamafactory_tiny import save_tiny_chat_model
+from .integrations._llamafactory_tiny import write_tiny_sft_dataset
+from .plugin import kernel_tolerance
 
 
 __all__ = [
@@ -39,23 +42,20 @@ __all__ = [
     "fresh_plugin_manager",
     "isolate_environment",
     "reference",
+    "save_tiny_chat_model",
     "tiny_causal_lm",
     "tolerance",
+    "write_tiny_sft_dataset",
 ]
 
 # Every environment variable kernels-core reads; a test suite clears them so the developer's shell and the
 # checkout's own kernels.toml / pyproject.toml cannot change what a test sees.
 ENVIRONMENT_VARIABLES = (ENV_CONFIG, ENV_DISABLE, ENV_STRICT_CONFIG, ENV_ALLOW, ENV_BLOCK, ENV_STRICT, ENV_TRACE)
 
-# Relative error bounds (max |a - b| / max |b|) for comparing a kernel with the eager module. bf16 keeps 8
-# mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in another order or keeps
-# an fp32 intermediate the eager code rounds differs by a few ulps of the output, so the bounds are a few eps.
-# fp32 differences come from reduction order only.
-_TOLERANCES = {torch.float32: 2e-5, torch.float64: 1e-10, torch.float16: 4e-3, torch.bfloat16: 2e-2}
-
-
 def tolerance(dtype: torch.dtype) -> float:
-    return _TOLERANCES[dtype]
+    """The relative error a kernel may show against the eager module in ``dtype`` (see
+    :data:`kernels_core.plugin.TOLERANCES`, which says why each bound is what it is)."""
+    return kernel_tolerance(dtype)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.dtype | None = None,

@@ -16,7 +16,10 @@ from ._declarations import cuda_kernel_specs
 from ._detect import detect_cuda
 
 
-__all__ = ["kernels_core_detect_devices", "kernels_core_kernels"]
+__all__ = ["KERNELS_CORE_PLUGIN_API", "kernels_core_detect_devices", "kernels_core_kernels"]
+
+# The kernels-core plugin API this plugin is written for (kernels_core.plugin.PLUGIN_API_VERSION).
+KERNELS_CORE_PLUGIN_API = "1.0"
 
 
 @hookimpl

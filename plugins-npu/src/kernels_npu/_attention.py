@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from kernels_core import Decline
 from kernels_core import Match
+from kernels_core.plugin import MatchContext
 
 
 __all__ = ["GLOBAL_NAME", "KIND", "NpuAttentionFunctions", "adapt", "attention_forward", "match", "normalize_mask"]
@@ -156,7 +157,7 @@ class NpuAttentionFunctions:
         return f"NpuAttentionFunctions({getattr(self.kernel, '__qualname__', self.kernel)!r})"
 
 
-def match(module: torch.nn.Module, qualified_name: str, ctx: object) -> Match | Decline | None:
+def match(module: torch.nn.Module, qualified_name: str, ctx: MatchContext) -> Match | Decline | None:
     """Match transformers attention modules whose forward picks its function from ``ALL_ATTENTION_FUNCTIONS``.
 
     Purely structural, on purpose: the kernel replaces only the attention function, whose contract (q/k/v in,

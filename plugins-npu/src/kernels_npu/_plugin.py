@@ -14,7 +14,15 @@ from kernels_core import LayerKind
 from kernels_core import hookimpl
 
 
-__all__ = ["kernels_core_detect_devices", "kernels_core_kernels", "kernels_core_layer_kinds"]
+__all__ = [
+    "KERNELS_CORE_PLUGIN_API",
+    "kernels_core_detect_devices",
+    "kernels_core_kernels",
+    "kernels_core_layer_kinds",
+]
+
+# The kernels-core plugin API this plugin is written for (kernels_core.plugin.PLUGIN_API_VERSION).
+KERNELS_CORE_PLUGIN_API = "1.0"
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""The core's built-in plugin: the host CPU backend, the core layer kinds and the default binding.
+"""The core's built-in plugin: the host CPU backend and the core layer kinds.
 
 Registered through the same ``kernels_core.plugins`` entry-point group as every vendor plugin (entry name
 ``builtin``). It cannot be blocked, because without its layer kinds nothing can be matched.
@@ -10,17 +10,17 @@ import os
 import platform
 from collections.abc import Iterable
 
-from .._hookspecs import hookimpl
 from .._kinds import CORE_KINDS
 from .._types import BackendInfo
-from .._types import Binding
 from .._types import DeviceInfo
-from .._types import KernelSpec
 from .._types import LayerKind
-from .._types import Match
+from ..plugin import PLUGIN_API_VERSION
+from ..plugin import hookimpl
 
 
-__all__ = ["kernels_core_bind_kernel", "kernels_core_detect_devices", "kernels_core_layer_kinds"]
+__all__ = ["KERNELS_CORE_PLUGIN_API", "kernels_core_detect_devices", "kernels_core_layer_kinds"]
+
+KERNELS_CORE_PLUGIN_API = PLUGIN_API_VERSION
 
 
 def _cpu_name() -> str:
@@ -37,7 +37,3 @@ def kernels_core_detect_devices() -> Iterable[BackendInfo]:
 def kernels_core_layer_kinds() -> Iterable[LayerKind]:
     return CORE_KINDS
 
-
-@hookimpl(trylast=True)
-def kernels_core_bind_kernel(module: object, match: Match, kernel: KernelSpec, forward: object) -> Binding:
-    return Binding({"forward": forward})

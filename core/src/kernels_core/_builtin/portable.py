@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .._hookspecs import hookimpl
 from .._types import KernelSpec
+from ..plugin import PLUGIN_API_VERSION
+from ..plugin import hookimpl
 
 
-__all__ = ["kernels_core_kernels"]
+__all__ = ["KERNELS_CORE_PLUGIN_API", "kernels_core_kernels"]
+
+KERNELS_CORE_PLUGIN_API = PLUGIN_API_VERSION
 
 
 @hookimpl

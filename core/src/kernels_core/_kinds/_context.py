@@ -34,6 +34,8 @@ from torch.overrides import TorchFunctionMode
 
 from .._forward import decorator_chain_problem
 from .._types import Match
+from ..plugin import probe_close as close
+from ..plugin import rel_error
 from ._zero3 import full_shape
 from ._zero3 import gathered
 
@@ -58,40 +60,12 @@ __all__ = [
     "positional_arity",
     "rel_error",
     "reroute_blocker",
-    "tolerance",
 ]
 
 BINDING_ATTR = "_kernels_core_binding"
 
-# Relative error (max |a-b| / max |b|) below which a probe counts as the same math. Generous enough for the
-# module computing in a different order than the reference, tight enough that a (1 + w) offset, a different
-# activation or a missing multiplier (errors of order 1) never passes.
-_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-
 # What a bitsandbytes linear's first forward sets for good (see MatchContext.run_probe).
 _BNB_STATE = ("compute_dtype", "compute_type_is_set")
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return _TOLERANCE.get(dtype, 3e-2)
-
-
-def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.detach().double(), expected.detach().double()
-    scale = expected.abs().max().clamp_min(1e-12)
-    return float((actual - expected).abs().max() / scale)
-
-
-def close(actual: object, expected: torch.Tensor, dtype: torch.dtype) -> bool:
-    # The dtype is part of the math: a kernel returns what the reference returns, and a module whose output dtype
-    # differs (a float32 result from a bfloat16 input) would break the next layer if its kernel did not.
-    return (
-        isinstance(actual, torch.Tensor)
-        and actual.shape == expected.shape
-        and actual.dtype == expected.dtype
-        and bool(torch.isfinite(actual).all())
-        and rel_error(actual, expected) <= tolerance(dtype)
-    )
 
 
 def module_device(module: nn.Module) -> torch.device | None:
@@ -391,13 +365,45 @@ def probe_behaviour(module: nn.Module) -> Iterator[Callable[..., None]]:
 
 
 class MatchContext:
-    """Per-kernelize-call state shared by matchers.
+    """What a matcher receives as ``ctx``: one per kernelize call (and per ``kernels-core check`` case), shared by
+    every matcher, so that probes are reproducible and identical layers are probed once.
+
+    A matcher reads ``root``, ``config`` and ``mode`` and calls the methods below; ``memo`` and :meth:`probe_of`
+    are the core's. A typical matcher (``x`` drawn from :meth:`generator`, ``reference`` its kind's math)::
+
+        def match_plain_mlp(module, name, ctx):
+            if not looks_like_one(module):
+                return None
+
+            def classify():
+                eval_out, train_out = ctx.run_probe(module, ctx.original_forward(module), x)
+                if not all(probe_close(out, reference(x), weight.dtype) for out in (eval_out, train_out)):
+                    return Decline("plain_mlp", "probe output is not the reference math")
+                ctx.note_probe(module, "plain_mlp", (x,), {}, eval_out)
+                return Match("plain_mlp", "gelu", {...})
+
+            return ctx.verdict("plain_mlp", module, classify)
+
+    Example:
+        >>> import torch
+        >>> layer = torch.nn.Linear(4, 4)
+        >>> ctx = MatchContext(layer)
+        >>> cpu = torch.device("cpu")
+        >>> x = ctx.randn(2, 4, device=cpu, dtype=torch.float32, gen=ctx.generator(cpu))
+        >>> eval_out, train_out = ctx.run_probe(layer, ctx.original_forward(layer), x)
+        >>> torch.equal(eval_out, layer(x))
+        True
 
     Args:
-        root: the model being kernelized.
-        seed: seed for probe inputs, so classification is reproducible.
-        mode: the mode kernelize resolves for (a ``kernels_core.Mode``), for kinds whose kernel runs in one
-            mode only; None when unknown.
+        root: the model being kernelized (``ctx.root``).
+        seed: the seed of every generator :meth:`generator` returns, so that classification is reproducible.
+        mode: the :class:`~kernels_core.Mode` kernelize resolves for (``ctx.mode``), for kinds whose kernel runs in
+            one mode only; None when unknown (``kernels-core check``).
+
+    Attributes:
+        root: the model.
+        config: ``root.config`` (a transformers configuration), or None.
+        mode: as above.
     """
 
     def __init__(self, root: nn.Module, *, seed: int = 1234, mode: Any = None) -> None:
@@ -413,10 +419,11 @@ class MatchContext:
         self._probe_of_verdict: dict[int, tuple[object, Probe]] = {}
 
     def original_forward(self, module: nn.Module) -> Callable[..., Any]:
-        """The forward computing the module's math before kernels-core bound anything to it.
+        """The callable computing the module's math before kernels-core bound anything to it, to probe.
 
-        Under accelerate's hooks that is ``_old_forward``: probing it directly skips only the device moves, which
-        a probe built on the module's own device does not need.
+        That is the instance's own forward (the class forward, bound), or what kernels-core's binding replaced; on a
+        module kernelized before, never a kernel. Under accelerate's hooks it is ``_old_forward``: probing it
+        directly skips only the device moves, which a probe built on the module's own device does not need.
         """
         slot = forward_slot(module)
         record = module.__dict__.get(BINDING_ATTR)
@@ -475,8 +482,10 @@ class MatchContext:
             module._parameters.update(saved)
 
     def run_probe(self, module: nn.Module, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        """``fn(*args)`` with the module in eval and in training behaviour (dropout and the like show up).
+        """``[fn(*args) in eval behaviour, fn(*args) in training behaviour]``, in that order, under ``no_grad``.
 
+        ``module`` and its sub-modules are put in eval, then training behaviour (dropout and the like show up), and
+        get their own ``training`` flags back afterwards. ``fn`` is usually ``self.original_forward(module)``.
         A kernel replaces the forward in both modes, so both must compute the reference math. Each call draws its
         random numbers from a generator of its own, seeded alike (:class:`ProbeRandomness`): two forwards probed
         in the same behaviour see the same dropout masks, and torch's process-wide generators are never seeded,
@@ -502,7 +511,7 @@ class MatchContext:
 
     def probe_of(self, module: nn.Module, verdict: Any) -> Probe | None:
         """The probe behind ``verdict`` (a ``Match``) for this module: its own, or that of the module whose memoized
-        verdict (the same object, for the same math) it shares; None where the kind records none."""
+        verdict (the same object, for the same math) it shares; None where the kind records none. The core's."""
         probe = self._probes.get((verdict.kind, id(module)))
         if probe is not None:
             self._probe_of_verdict.setdefault(id(verdict), (verdict, probe))
@@ -511,12 +520,16 @@ class MatchContext:
         return shared[1] if shared is not None and shared[0] is verdict else None
 
     def verdict(self, kind: str, module: nn.Module, compute: Callable[[], Any]) -> Any:
-        """``compute()`` once per distinct piece of math: layers sharing a math key share the probe's verdict.
+        """What ``compute()`` returns, computed once per piece of math in this context: layers sharing a math key
+        get the same object back.
 
-        The key holds everything the math can depend on besides the weight values: the classes, the scalar
-        hyperparameters of the module and its children (epsilon, head_dim, activation settings...), parameter
-        shapes, dtypes and devices, and any instance-level forward override. A 28-layer model is probed once
-        per kind instead of 28 times.
+        The key is ``kind`` and everything the math can depend on besides the weight values: the classes, the
+        scalar hyperparameters of the module and its children (epsilon, head_dim, activation settings...),
+        parameter shapes, dtypes and devices, and any instance-level forward override. A 28-layer model is probed
+        once per kind instead of 28 times. ``compute`` takes no argument and runs with the module's parameters
+        gathered (:meth:`unsharded`), so it sees FSDP2- and ZeRO-3-managed weights whole; what it returns (a
+        ``Match``, a ``Decline``, or a tuple of them) must hold nothing specific to this instance, such as its
+        name. Probes noted with :meth:`note_probe` inside it are shared by the layers the verdict is shared with.
         """
         key = (kind, math_key(module))
         if key not in self.memo:
@@ -531,17 +544,21 @@ class MatchContext:
         return self.memo[key]
 
     def generator(self, device: torch.device) -> torch.Generator:
+        """A new generator seeded with the context's seed, on ``device`` where torch has device generators (CPU and
+        CUDA), else on the CPU (:meth:`randn` then moves what it draws). Each call starts the same sequence."""
         gen = torch.Generator(device=device) if device.type in ("cpu", "cuda") else torch.Generator()
         gen.manual_seed(self._seed)
         return gen
 
     def randn(self, *shape: int, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+        """Standard normal values of ``shape`` drawn in float32 from ``gen``, then cast to ``dtype`` on ``device``
+        (the same values on every device and in every dtype, up to rounding)."""
         on = device if gen.device.type == device.type else torch.device("cpu")
         return torch.randn(*shape, generator=gen, device=on, dtype=torch.float32).to(device=device, dtype=dtype)
 
     def rotary_modules(self) -> list[nn.Module]:
-        """The model's rotary embedding modules: those holding an ``inv_freq`` buffer, or one per attention type
-        (``sliding_attention_inv_freq`` in Gemma 3)."""
+        """The model's rotary embedding modules, in ``root.modules()`` order: those holding an ``inv_freq`` buffer, or
+        one per attention type (``sliding_attention_inv_freq`` in Gemma 3)."""
         return [m for m in self.root.modules() if any(name.endswith("inv_freq") for name in m._buffers)]
 
     def position_embeddings(self, x: torch.Tensor, position_ids: torch.Tensor
@@ -559,7 +576,7 @@ class MatchContext:
         return None
 
     def rotary_dims(self) -> set[int]:
-        """Dimensions rotated by the model's rotary embedding modules (2 * len(inv_freq))."""
+        """Dimensions rotated by the model's rotary embedding modules (2 * len(inv_freq)); computed once."""
         if self._rotary_dims is None:
             dims: set[int] = set()
             for module in self.rotary_modules():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from kernels_core.testing import ConformanceCase
+from kernels_core.plugin import ConformanceCase
 from kernels_core.testing import tiny_causal_lm
 from torch import nn
 

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from kernels_core import Decline
-from kernels_core import Match
+from kernels_core.plugin import Decline
+from kernels_core.plugin import Match
+from kernels_core.plugin import MatchContext
+from kernels_core.plugin import probe_close
 from torch import nn
 
 
@@ -15,8 +17,6 @@ __all__ = ["adapt_plain_mlp", "match_plain_mlp"]
 
 _PAIRS = (("c_fc", "c_proj"), ("fc1", "fc2"), ("dense_h_to_4h", "dense_4h_to_h"))
 _ACTIVATIONS = {"gelu_tanh": "tanh", "gelu": "none"}
-# Relative error below which the probe counts as the same math (as the core's matchers allow per dtype).
-_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def _projections(module: nn.Module) -> tuple[str, str] | None:
@@ -26,7 +26,7 @@ def _projections(module: nn.Module) -> tuple[str, str] | None:
     return None
 
 
-def match_plain_mlp(module: nn.Module, name: str, ctx: Any) -> Match | Decline | None:
+def match_plain_mlp(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
     """Non-gated MLPs, verified by probing the module in eval and training behaviour."""
     names = _projections(module)
     if names is None or any(n in module._modules for n in ("gate_proj", "up_proj", "gate_up_proj")):
@@ -39,17 +39,15 @@ def match_plain_mlp(module: nn.Module, name: str, ctx: Any) -> Match | Decline |
     if weight.device.type == "meta":
         return Decline("plain_mlp", "parameters are on the meta device; the math cannot be verified")
     x = torch.randn(1, 3, fc1.in_features, generator=torch.Generator().manual_seed(0)).to(weight)
-    outputs = ctx.run_probe(module, ctx.original_forward(module), x)
-    if not all(isinstance(o, torch.Tensor) for o in outputs):
+    eval_out, train_out = ctx.run_probe(module, ctx.original_forward(module), x)
+    if not all(isinstance(o, torch.Tensor) for o in (eval_out, train_out)):
         return Decline("plain_mlp", "forward does not return a tensor")
     variant = _gelu_variant(act)
     if variant is None:
         return Decline("plain_mlp", "the activation is neither tanh-approximated nor exact GELU")
     with torch.no_grad():
         expected = fc2(nn.functional.gelu(fc1(x), approximate=_ACTIVATIONS[variant]))
-    scale = float(expected.abs().max()) or 1.0
-    error = max(float((o - expected).abs().max()) / scale for o in outputs)
-    if error > _TOLERANCE.get(weight.dtype, 3e-2):
+    if not all(probe_close(o, expected, weight.dtype) for o in (eval_out, train_out)):
         return Decline("plain_mlp", "probe output is not fc2(gelu(fc1(x))) in eval and training behaviour")
     return Match("plain_mlp", variant, {"fc1": names[0], "fc2": names[1], "approximate": _ACTIVATIONS[variant]},
                  evidence=f"probe matches {names[1]}(gelu({names[0]}(x))), {variant}")
@@ -71,7 +69,8 @@ def _gelu_variant(act: Any) -> str | None:
     return None
 
 
-def adapt_plain_mlp(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+def adapt_plain_mlp(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict[str, Any]
+                    ) -> Callable[..., Any]:
     fc1, fc2, approximate = (module._modules[str(match.params["fc1"])], module._modules[str(match.params["fc2"])],
                              str(match.params["approximate"]))
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kernels_core import KernelSpec
-from kernels_core import LayerKind
-from kernels_core import Supports
-from kernels_core import hookimpl
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import LayerKind
+from kernels_core.plugin import Supports
+from kernels_core.plugin import hookimpl
 
 
-__all__ = ["kernels_core_kernels", "kernels_core_layer_kinds"]
+__all__ = ["KERNELS_CORE_PLUGIN_API", "kernels_core_kernels", "kernels_core_layer_kinds"]
+
+# The kernels-core plugin API this plugin is written for (kernels_core.plugin.PLUGIN_API_VERSION).
+KERNELS_CORE_PLUGIN_API = "1.0"
 
 _PKG = "kernels_example_plugin"
 
