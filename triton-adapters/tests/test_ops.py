@@ -12,8 +12,10 @@ import importlib
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from kernels_triton import LIGER_ADAPTERS
@@ -88,3 +90,29 @@ def test_adapters_without_triton_kernels_load_no_triton():
              "liger_moe_experts_silu"]
     script = "\n".join(f"pkgutil.resolve_name('kernels_triton.ops:{name}')" for name in names)
     assert _modules_after(script) == ["torch"]
+
+
+# The names kernels-triton 0.2 publishes. kernels-cuda and kernels-rocm accept any 0.2.x: removing or renaming one
+# of these needs a new minor version and new ranges in their pyproject.toml files.
+PUBLISHED_IN_0_2 = {
+    "rms_norm", "eager_rms_norm", "residual_rms_norm", "eager_residual_rms_norm", "silu_mul", "gelu_tanh_mul",
+    "rotary_embedding", "moe_experts_silu", "moe_experts_gelu_tanh", "liger_rms_norm", "liger_silu_mul",
+    "liger_gelu_tanh_mul", "liger_rotary_embedding", "liger_layer_norm", "liger_moe_experts_silu",
+    "liger_fused_linear_cross_entropy", "native_rms_norm", "native_residual_rms_norm", "native_silu_mul",
+    "native_gelu_tanh_mul", "native_rotary_embedding", "native_layer_norm", "apply_rms_norm", "rms_norm_forward",
+    "rms_norm_backward", "add_rms_norm_backward", "sum_partial_rows", "norm_tiling", "norm_backward_tiling",
+    "rms_norm_forward_kernel", "cpp_autograd_extension", "cpp_autograd_status", "cpp_autograd_failure",
+    "cpp_autograd_norm_call", "python_autograd_norms",
+}
+
+
+def test_the_published_names_stay_within_the_minor_release():
+    missing = PUBLISHED_IN_0_2 - set(ops.__all__)
+    assert not missing, f"kernels_triton.ops lost {sorted(missing)}: that is a new minor version of kernels-triton"
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "plugins-cuda").is_dir():
+        pytest.skip("the plugins' version ranges are read from the repository's checkout")
+    version = re.search(r'^version = "(\d+)\.(\d+)\.', (repo / "triton-adapters/pyproject.toml").read_text(), re.M)
+    assert version is not None and version.groups() == ("0", "2"), "update PUBLISHED_IN_0_2 with the version"
+    for plugin in ("plugins-cuda", "plugins-rocm"):
+        assert '"kernels-triton>=0.2,<0.3"' in (repo / plugin / "pyproject.toml").read_text(), plugin

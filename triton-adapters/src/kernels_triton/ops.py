@@ -34,9 +34,10 @@ rstd_or_y, n_rows, eps, offset, n_cols, gemma, has_offset, store_rstd, BLOCK_M, 
 alone) and :func:`python_autograd_norms` (a context that takes the Python autograd path instead).
 
 Each name is loaded on first use: importing this module imports neither torch, Triton nor Liger, and a native
-adapter loads no Triton. Resolving an adapter whose kernels launch Triton or Liger code (what kernelize does when it
-binds one) also starts Triton's one-off runtime set-up on a background thread (:mod:`kernels_triton._warmup`; only
-where there is a GPU, off with ``KERNELS_TRITON_WARMUP=0``); importing a module of this package never does.
+adapter loads no Triton. Resolving an unprefixed or ``liger_`` adapter other than :func:`liger_layer_norm` (what
+kernelize does when it binds one) also starts Triton's one-off runtime set-up on a background thread
+(:mod:`kernels_triton._warmup`; only where there is a GPU, off with ``KERNELS_TRITON_WARMUP=0``); importing a module
+of this package never does.
 
 Example:
     >>> import torch
