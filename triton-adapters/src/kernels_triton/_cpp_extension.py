@@ -385,7 +385,8 @@ def python_autograd() -> _PythonAutograd:
     For benchmarks: it changes which path every thread's calls take while it is entered (the adapters look
     :func:`eager_norm` up on this module at each call), and costs a few hundred nanoseconds to enter and leave.
 
-    Example (the node types need a GPU and, for the C++ one, the extension built; on CPU the native path runs):
+    Example (the node types need a GPU and, for the C++ one, the extension built, which the call outside the block
+    would start; on CPU the native path runs):
         >>> from kernels_triton import ops
         >>> device = "cuda" if torch.cuda.is_available() else "cpu"
         >>> x = torch.randn(4096, 1024, device=device, requires_grad=True)
@@ -394,7 +395,7 @@ def python_autograd() -> _PythonAutograd:
         ...     y = ops.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
         >>> type(y.grad_fn).__name__  # doctest: +SKIP
         '_RMSNormBackward'
-        >>> y = ops.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+        >>> y = ops.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")  # doctest: +SKIP
         >>> type(y.grad_fn).__name__  # doctest: +SKIP
         'KernelsTritonRMSNormBackward'
     """
