@@ -116,10 +116,9 @@ def distributed_workers():  # noqa: ANN201 - a module
 
 
 def set_loss_chunk_rows(modifier: str) -> None:
-    """Apply a ``chunk<N>`` variant modifier: the fused loss's token chunks at about N rows (a tuning override)."""
-    from kernels_triton import _loss
-
-    _loss._CHUNK_ROWS = int(modifier.removeprefix("chunk"))
+    """Apply a ``chunk<N>`` variant modifier: the fused loss's token chunks at about N rows (a tuning override,
+    kernels-triton's ``KERNELS_TRITON_LOSS_CHUNK_ROWS``, read when kernelize first loads the loss)."""
+    os.environ["KERNELS_TRITON_LOSS_CHUNK_ROWS"] = modifier.removeprefix("chunk")
 
 
 def profile_step(step) -> list[dict]:
@@ -270,9 +269,15 @@ def triton_norms(fn):
 def python_autograd_norms(fn):
     """``fn`` run with kernels-triton's C++ autograd extension switched off for the norms: their Python
     ``autograd.Function`` path, to time side by side with the C++ nodes in one run."""
-    from kernels_triton import _cpp_extension
+    from kernels_triton import ops
 
-    return _patched(_cpp_extension, "eager_norm", lambda *args, **kwargs: None, fn)
+    python_autograd = ops.python_autograd_norms()
+
+    def run(*args):
+        with python_autograd:
+            return fn(*args)
+
+    return run
 
 
 def per_call_us(fn, *, calls: int = 2000, repeats: int = 5) -> float:

@@ -16,9 +16,7 @@ import torch
 from _common import bench
 from _common import environment
 from _common import write_json
-from kernels_triton import _gated
-from kernels_triton import _native
-from kernels_triton import _rotary
+from kernels_triton import ops
 
 
 def _fwd_bwd(fn, inputs):
@@ -37,9 +35,9 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     dtype = torch.bfloat16
-    rope = {"eager": _native.rotary_embedding, "liger": _rotary.liger_rotary_embedding,
-            "triton": _rotary.rotary_embedding}
-    gated = {"eager": _native.silu_mul, "liger": _gated.liger_silu_mul, "triton": _gated.silu_mul}
+    rope = {"eager": ops.native_rotary_embedding, "liger": ops.liger_rotary_embedding,
+            "triton": ops.rotary_embedding}
+    gated = {"eager": ops.native_silu_mul, "liger": ops.liger_silu_mul, "triton": ops.silu_mul}
     rows = []
     for batch in (1, 4):
         seq = 2048

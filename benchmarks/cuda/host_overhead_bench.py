@@ -6,8 +6,8 @@ back to back on an ``[8, 1024]`` bf16 input (GPU work negligible, so the loop is
 mean microseconds per call, side by side in one run:
 
 * forward: ``torch.empty_like``, a bare launch of the compiled Triton kernel (Triton's own path and the direct
-  one kernels-triton takes), the kernels-triton entry points (``_rms_norm.apply_rms_norm`` ->
-  ``_rms_norm.rms_norm``), kernels-cuda's size-tuned entry point, the kernelized
+  one kernels-triton takes), the kernels-triton entry points (``ops.apply_rms_norm`` ->
+  ``ops.rms_norm``), kernels-cuda's size-tuned entry point, the kernelized
   ``Qwen3RMSNorm`` module, and for reference ``F.rms_norm`` and the eager transformers module;
 * forward with autograd recording (no backward): the Triton entry point with kernels-triton's C++ autograd node,
   the same with the Python ``autograd.Function``, the kernelized training module on the Triton kernel, and the
@@ -73,7 +73,7 @@ def chain_rows(rows: int, cols: int, *, cpp: tuple | None, profile: bool) -> dic
     ``clone`` (a node with no backward work) and ``x * weight`` (one launch forward; backward two launches and a
     reduction, the shape of an RMSNorm backward) are what PyTorch's own C++ nodes cost on this host."""
     from kernels_core import Mode
-    from kernels_triton import _rms_norm
+    from kernels_triton import ops
 
     dtype = torch.bfloat16
     x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)
@@ -84,7 +84,7 @@ def chain_rows(rows: int, cols: int, *, cpp: tuple | None, profile: bool) -> dic
         "native_clone": lambda t, w: t.clone(),
         "native_mul_weight": lambda t, w: t * w,
         "f_rms_norm": lambda t, w: F.rms_norm(t, (cols,), w, 1e-6),
-        "triton_kernels_rms_norm": lambda t, w: _rms_norm.apply_rms_norm(t, w, eps=1e-6, offset=0.0, gemma=False),
+        "triton_kernels_rms_norm": lambda t, w: ops.apply_rms_norm(t, w, eps=1e-6, offset=0.0, gemma=False),
     }
     if cpp is not None:
         # The extension's call for this signature (the chain's weights have the same dtype as the probe's).
@@ -144,25 +144,23 @@ def main() -> None:
 
     import kernels_core
     from kernels_cuda import _ops
-    from kernels_triton import _cpp_extension
-    from kernels_triton import _rms_norm
+    from kernels_triton import ops
 
     # The norms' C++ autograd extension builds in the background on first use: wait, so the rows time it.
-    _cpp_extension.extension(wait=True)
-    print("C++ autograd extension:", _cpp_extension.status(), _cpp_extension.failure() or "", flush=True)
+    ops.cpp_autograd_extension(wait=True)
+    print("C++ autograd extension:", ops.cpp_autograd_status(), ops.cpp_autograd_failure() or "", flush=True)
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     dtype = torch.bfloat16
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=dtype)
     w = torch.randn(args.cols, device="cuda", dtype=dtype)
     # The extension's call for this input signature, or None where the Python autograd path runs.
-    cpp = (_cpp_extension._prepare(_cpp_extension.extension(), False, x.shape, x.dtype, w.dtype, False, False,
-                                   x.get_device()) or None)
+    cpp = ops.cpp_autograd_norm_call(x, w)
     if args.chain_only:
         write_json(args.out, {"environment": environment(), "input": {"shape": [args.rows, args.cols],
                                                                       "dtype": "bfloat16"},
                               "what": "mean host microseconds per layer, chains of layers back to back",
-                              "cpp_autograd": _cpp_extension.status(),
+                              "cpp_autograd": ops.cpp_autograd_status(),
                               "results_us": {"chain_per_layer": chain_rows(args.rows, args.cols, cpp=cpp,
                                                                            profile=args.profile)}})
         return
@@ -173,10 +171,10 @@ def main() -> None:
     kernel_module = kernelized[0]
 
     y = torch.empty_like(x)
-    block_m, block_n, num_warps = _rms_norm.norm_tiling(args.cols, x.element_size())
+    block_m, block_n, num_warps = ops.norm_tiling(args.cols, x.element_size())
     grid = (args.rows + block_m - 1) // block_m
     launch_args = (x, w, y, y, args.rows, 1e-6, 0.0, args.cols, False, False, False, block_m, block_n)
-    kernel = _rms_norm._rms_norm_fwd_kernel
+    kernel = ops.rms_norm_forward_kernel
     compiled = kernel[(grid,)](*launch_args, num_warps=num_warps)  # compile and cache
     runner = compiled[(grid, 1, 1)]  # the compiled kernel, launched without Triton's argument binding
 
@@ -187,8 +185,8 @@ def main() -> None:
         "torch_empty_like": lambda: torch.empty_like(x),
         "triton_compiled_runner": lambda: runner(*launch_args),
         "triton_launch": launch,
-        "triton_kernels_rms_norm": lambda: _rms_norm.apply_rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False),
-        "triton_adapter_rms_norm": lambda: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "triton_kernels_rms_norm": lambda: ops.apply_rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False),
+        "triton_adapter_rms_norm": lambda: ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "cuda_tuned_rms_norm": lambda: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "kernelized_module": lambda: kernel_module(x),
         "f_rms_norm": lambda: F.rms_norm(x, (args.cols,), w, 1e-6),
@@ -203,7 +201,7 @@ def main() -> None:
     xg = x.detach().requires_grad_(True)
     wg = w.detach().requires_grad_(True)
     dy = torch.randn_like(x)
-    _, saved_rstd = _rms_norm.rms_norm_forward(x, w, 1e-6, 0.0, False, store_rstd=True)
+    _, saved_rstd = ops.rms_norm_forward(x, w, 1e-6, 0.0, False, store_rstd=True)
 
     def grad_of(fn, inputs):
         def run():
@@ -215,9 +213,9 @@ def main() -> None:
     training_module = training[0]
 
     with_grad = {
-        "triton_kernels_rms_norm": lambda: _rms_norm.apply_rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False),
+        "triton_kernels_rms_norm": lambda: ops.apply_rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False),
         "triton_kernels_rms_norm_python_autograd": python_autograd_norms(
-            lambda: _rms_norm.apply_rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False)),
+            lambda: ops.apply_rms_norm(xg, wg, eps=1e-6, offset=0.0, gemma=False)),
         "kernelized_module_triton": triton_norms(lambda: training_module(xg)),
     }
     if cpp is not None:
@@ -231,16 +229,16 @@ def main() -> None:
     backward = {
         "f_rms_norm": grad_of(lambda a, b: F.rms_norm(a, (args.cols,), b, 1e-6), (xg, wg)),
         "triton_kernels_rms_norm": grad_of(
-            lambda a, b: _rms_norm.apply_rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg)),
+            lambda a, b: ops.apply_rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg)),
         "triton_kernels_rms_norm_python_autograd": python_autograd_norms(grad_of(
-            lambda a, b: _rms_norm.apply_rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg))),
+            lambda a, b: ops.apply_rms_norm(a, b, eps=1e-6, offset=0.0, gemma=False), (xg, wg))),
         "kernelized_module_triton": triton_norms(grad_of(lambda a: training_module(a), (xg,))),
         "kernelized_module_triton_python_autograd": python_autograd_norms(triton_norms(grad_of(
             lambda a: training_module(a), (xg,)))),
-        "triton_forward_with_rstd_only": lambda: _rms_norm.rms_norm_forward(x, w, 1e-6, 0.0, False,
-                                                                                  store_rstd=True),
-        "triton_backward_direct": lambda: _rms_norm.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False,
-                                                                            want_dw=True),
+        "triton_forward_with_rstd_only": lambda: ops.rms_norm_forward(x, w, 1e-6, 0.0, False,
+                                                                      store_rstd=True),
+        "triton_backward_direct": lambda: ops.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False,
+                                                                want_dw=True),
         "python_function_identity": grad_of(_Identity.apply, (xg,)),
         "native_clone": grad_of(torch.clone, (xg,)),
         # The same identity Function whose backward (in the autograd engine's device thread) also runs one
@@ -254,7 +252,7 @@ def main() -> None:
         "identity_bwd_plus_current_device": grad_of(
             _identity_with_backward(torch.cuda.current_device).apply, (xg,)),
         "identity_bwd_plus_triton_backward": grad_of(
-            _identity_with_backward(lambda: _rms_norm.rms_norm_backward(
+            _identity_with_backward(lambda: ops.rms_norm_backward(
                 dy, x, w, saved_rstd, 0.0, False, want_dw=True)).apply, (xg,)),
     }
     for name, fn in backward.items():
@@ -263,7 +261,7 @@ def main() -> None:
     # The same piece of work timed from inside: wall and CPU time of the thread running it, in the main thread
     # and inside the autograd engine's device thread. Wall above CPU time means the thread waited (descheduled).
     pieces = {
-        "triton_backward": lambda: _rms_norm.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False, want_dw=True),
+        "triton_backward": lambda: ops.rms_norm_backward(dy, x, w, saved_rstd, 0.0, False, want_dw=True),
         "torch_allocs_and_sum": lambda: (torch.empty_like(x), torch.empty(64, args.cols, device="cuda")
                                          .sum(0).to(dtype)),
         "current_device": torch.cuda.current_device,
@@ -317,7 +315,7 @@ def main() -> None:
         "input": {"shape": [args.rows, args.cols], "dtype": "bfloat16"},
         "what": "mean host microseconds per call, back to back, tiny input (host-bound)",
         "kernelized_module_kernel": [str(entry) for entry in getattr(report, "entries", [])][:1],
-        "cpp_autograd": _cpp_extension.status(),
+        "cpp_autograd": ops.cpp_autograd_status(),
         "results_us": results,
     }
     write_json(args.out, payload)

@@ -175,9 +175,9 @@ def main() -> None:
             row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens,
                              profile=args.profile))
             if args.settle:
-                from kernels_triton import _cpp_extension
+                from kernels_triton import ops
 
-                _cpp_extension.extension(wait=True)
+                ops.cpp_autograd_extension(wait=True)
         except Exception as exc:  # noqa: BLE001 - a failing variant is a result to report
             row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
             row["traceback"] = traceback.format_exc()[-3000:]

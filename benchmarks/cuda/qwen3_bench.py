@@ -106,11 +106,11 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
         if variant.endswith("compile"):
             mode |= kernels_core.Mode.TORCH_COMPILE
         kernels_core.kernelize(model, mode=mode, config=_kernelize_config(modifiers))
-        from kernels_triton import _cpp_extension
+        from kernels_triton import ops
 
         # The norms' C++ autograd extension builds in the background on first use: time the steady state.
-        _cpp_extension.extension(wait=True)
-        how = f"C++ autograd extension: {_cpp_extension.status()}. "
+        ops.cpp_autograd_extension(wait=True)
+        how = f"C++ autograd extension: {ops.cpp_autograd_status()}. "
         report = kernels_core.get_report(model)
         if not any((e.kernel or e.left_to_compiler or "").startswith("cuda.") for e in report.entries):
             # Without installed entry points only the core's plugins load: refuse to time a silent no-op.

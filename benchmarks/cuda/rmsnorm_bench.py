@@ -46,8 +46,7 @@ from _common import python_autograd_norms
 from _common import triton_norms
 from _common import write_json
 from kernels_cuda import _ops
-from kernels_triton import _cpp_extension
-from kernels_triton import _rms_norm
+from kernels_triton import ops
 
 
 SHAPES = [
@@ -88,7 +87,7 @@ def _chains(chain_module: torch.nn.Sequential) -> dict:
         "module": chain_module,
         "f_rms_norm": lambda t: _apply_all(t, weights, lambda t, weight: F.rms_norm(t, (t.shape[-1],), weight, 1e-6)),
         "triton": lambda t: _apply_all(
-            t, weights, lambda t, weight: _rms_norm.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
+            t, weights, lambda t, weight: ops.rms_norm(t, weight, eps=1e-6, offset=0.0, casting="llama")),
         # The kernelized modules with the size thresholds set to pick the Triton kernel at every size.
         "module_triton": triton_norms(chain_module),
         # The same, with the norms' autograd nodes in Python instead of kernels-triton's C++ extension.
@@ -158,17 +157,17 @@ def main() -> None:
     args = parser.parse_args()
     dtype = torch.bfloat16
     # The norms' C++ autograd extension builds in the background on first use: wait, so every row times it.
-    cpp_autograd = _cpp_extension.extension(wait=True) is not None
-    print("C++ autograd extension:", _cpp_extension.status(), _cpp_extension.failure() or "", flush=True)
+    cpp_autograd = ops.cpp_autograd_extension(wait=True) is not None
+    print("C++ autograd extension:", ops.cpp_autograd_status(), ops.cpp_autograd_failure() or "", flush=True)
     # Copy bandwidth: bytes read + written by a large device-to-device copy.
     big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(big)
     copy_bw = 2 * big.numel() / (bench(lambda: dst.copy_(big)) * 1e-6) / 1e9
     big = dst = None  # free before the sweep
     kernels = {
-        "liger": lambda x, w: _rms_norm.liger_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "liger": lambda x, w: ops.liger_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "f_rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
-        "triton": lambda x, w: _rms_norm.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "triton": lambda x, w: ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "tuned": lambda x, w: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
     }
     host = {}

@@ -25,7 +25,7 @@ import torch
 from _common import environment
 from _common import gpu_us
 from _common import write_json
-from kernels_triton import _rms_norm as kernels
+from kernels_triton import ops as kernels
 
 
 SHAPES = [(8192, 1024), (16384, 1024), (131072, 128), (4096, 4096), (16384, 2048), (16384, 4096), (8192, 8192)]

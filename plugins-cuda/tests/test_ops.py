@@ -24,13 +24,13 @@ def chosen(monkeypatch):
 
         return record
 
-    monkeypatch.setattr(_ops._native, "rms_norm", spy("native"))
-    monkeypatch.setattr(_ops._native, "residual_rms_norm", spy("native"))
-    monkeypatch.setattr(_ops._rms_norm, "rms_norm", spy("triton"))
-    monkeypatch.setattr(_ops._residual_rms_norm, "residual_rms_norm", spy("triton"))
-    # The eager entry points kernels-cuda calls when it knows it is not traced.
-    monkeypatch.setattr(_ops._rms_norm, "eager_rms_norm", spy("triton"))
-    monkeypatch.setattr(_ops._residual_rms_norm, "eager_residual_rms_norm", spy("triton"))
+    # The kernels_triton.ops names _ops calls: the native pair, the Triton residual adapter (while traced) and the
+    # eager entry points kernels-cuda calls when it knows it is not traced.
+    monkeypatch.setattr(_ops, "native_rms_norm", spy("native"))
+    monkeypatch.setattr(_ops, "native_residual_rms_norm", spy("native"))
+    monkeypatch.setattr(_ops, "triton_residual_rms_norm", spy("triton"))
+    monkeypatch.setattr(_ops, "eager_rms_norm", spy("triton"))
+    monkeypatch.setattr(_ops, "eager_residual_rms_norm", spy("triton"))
     return calls
 
 

@@ -57,18 +57,20 @@ def triton_kernels():
     from types import SimpleNamespace
 
     from kernels_triton import _gated
+    from kernels_triton import _norm_kernels
     from kernels_triton import _residual_rms_norm
     from kernels_triton import _rms_norm
     from kernels_triton import _rotary
 
     if not torch.cuda.is_available():
-        if not _rms_norm._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
+        if not _norm_kernels._rms_norm_fwd_kernel.__class__.__name__.startswith("Interpreted"):
             pytest.fail("kernels_triton's kernels were imported before TRITON_INTERPRET was set; run these tests in "
                         "a process of their own")
-        _rms_norm.sm_count = lambda index: 4  # no device to ask; any program count is correct
+        _norm_kernels.sm_count = lambda index: 4  # no device to ask; any program count is correct
     return SimpleNamespace(
-        rms_norm=_rms_norm.apply_rms_norm, rms_norm_forward=_rms_norm.rms_norm_forward,
-        add_rms_norm_backward=_rms_norm.add_rms_norm_backward, norm_backward_tiling=_rms_norm.norm_backward_tiling,
+        rms_norm=_rms_norm.apply_rms_norm, rms_norm_forward=_norm_kernels.rms_norm_forward,
+        add_rms_norm_backward=_norm_kernels.add_rms_norm_backward,
+        norm_backward_tiling=_norm_kernels.norm_backward_tiling,
         residual_rms_norm=_residual_rms_norm.apply_residual_rms_norm, rotary=_rotary.rotary,
         gated_activation=_gated.gated_activation, gate_up_activation=_gated.gate_up_activation)
 

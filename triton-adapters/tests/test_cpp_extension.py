@@ -176,6 +176,58 @@ def test_a_failing_call_falls_back_to_python_autograd_for_good(triton_kernels, f
     assert "using the Python autograd path from now on" in caplog.text
 
 
+class _RecordingExtension:
+    """An extension whose calls return their input unchanged and are counted."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def rms_norm(self, x, *args):
+        self.calls += 1
+        return x
+
+
+def test_python_autograd_takes_the_python_path_inside_the_block_only(triton_kernels, fresh_state, monkeypatch):
+    # The benchmarks' side-by-side switch: inside the block (nested too) the adapters' eager calls never reach
+    # the extension; after it, and after an exception in it, they do again.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from kernels_triton import _rms_norm
+
+    extension = _RecordingExtension()
+    monkeypatch.setattr(fresh_state, "_module", extension)
+    monkeypatch.setattr(fresh_state, "_ENTRIES", {})
+    monkeypatch.setattr(fresh_state, "_prepare", lambda loaded, residual, *args: (loaded.rms_norm, None))
+    monkeypatch.setattr(_rms_norm, "rms_norm_supported", lambda *args, **kwargs: True)  # CPU: the interpreter
+    x = torch.randn(4, 64, device=device, requires_grad=True)
+    w = torch.ones(64, device=device)
+
+    def norm():
+        return _rms_norm.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+
+    with fresh_state.python_autograd():
+        with fresh_state.python_autograd():
+            inner = norm()
+        outer = norm()
+    assert extension.calls == 0
+    assert type(inner.grad_fn).__name__ == type(outer.grad_fn).__name__ == "_RMSNormBackward"
+    assert norm() is x and extension.calls == 1
+    with pytest.raises(ValueError, match="inside"), fresh_state.python_autograd():
+        raise ValueError("inside")
+    assert norm() is x and extension.calls == 2
+
+
+def test_norm_call_is_the_prepared_entry_or_none(fresh_state, monkeypatch):
+    x, w = torch.randn(3, 64), torch.ones(64)
+    assert fresh_state.norm_call(x, w) is None  # not loaded
+    monkeypatch.setattr(fresh_state, "_module", _RecordingExtension())
+    asked = []
+    monkeypatch.setattr(fresh_state, "_prepare", lambda *args: asked.append(args) or ("function", "call"))
+    assert fresh_state.norm_call(x, w, casting="gemma", offset=1.0) == ("function", "call")
+    assert asked[0][1:] == (False, x.shape, x.dtype, w.dtype, True, True, -1)
+    monkeypatch.setattr(fresh_state, "_prepare", lambda *args: False)  # a signature the extension cannot take
+    assert fresh_state.norm_call(x, w, residual=True) is None
+
+
 # ------------------------------------------------------------------------------------------- on a GPU
 
 

@@ -2,12 +2,13 @@
 
 Liger 0.8.5 sizes its chunks as ``next_power_of_2(ceil(BT / ceil(V / (chunk_mem_const * H))))`` rows, capped at
 BT. The adapter picks ``chunk_mem_const`` so that this lands near ``_CHUNK_ROWS`` (2048) rows whatever the model's
-width and vocabulary, in every mode.
+width and vocabulary, in every mode; ``KERNELS_TRITON_LOSS_CHUNK_ROWS`` overrides that target for a process.
 """
 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 from kernels_triton import _loss
@@ -51,3 +52,24 @@ def test_chunk_count_follows_liger(n_tokens, vocab, hidden):
     const = _loss._chunk_mem_const(n_tokens, vocab, hidden)
     rows = _liger_chunk_rows(n_tokens, vocab, hidden, const)
     assert _loss._liger_chunks(n_tokens, vocab, hidden, const) == math.ceil(n_tokens / rows)
+
+
+def test_chunk_rows_default_and_override(monkeypatch):
+    # The benchmarks' chunk<N> variants set KERNELS_TRITON_LOSS_CHUNK_ROWS before the loss is loaded.
+    monkeypatch.delenv(_loss.CHUNK_ROWS_ENV, raising=False)
+    assert _loss._chunk_rows_setting() == 2048
+    monkeypatch.setenv(_loss.CHUNK_ROWS_ENV, "512")
+    assert _loss._chunk_rows_setting() == 512
+    shape = (8192, 151936, 1024)
+    default = _liger_chunk_rows(*shape, _loss._chunk_mem_const(*shape))
+    with mock.patch.object(_loss, "_CHUNK_ROWS", 512):
+        rows = _liger_chunk_rows(*shape, _loss._chunk_mem_const(*shape))
+    assert 512 <= rows <= 1024 < default, "Liger takes chunks of about the rows asked for"
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "2k", "1.5"])
+def test_a_chunk_rows_override_that_is_no_positive_integer_raises(monkeypatch, value):
+    # An explicit request that cannot be honoured: loading the loss fails (kernelize then falls back, saying why).
+    monkeypatch.setenv(_loss.CHUNK_ROWS_ENV, value)
+    with pytest.raises(ValueError, match=f"KERNELS_TRITON_LOSS_CHUNK_ROWS={value!r}: expected a positive number"):
+        _loss._chunk_rows_setting()

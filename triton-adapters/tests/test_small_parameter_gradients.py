@@ -93,9 +93,9 @@ class _KernelsHere:
 @pytest.fixture(autouse=True)
 def _sm_count_without_a_device(monkeypatch):
     if not ON_GPU:
-        from kernels_triton import _rms_norm
+        from kernels_triton import _norm_kernels
 
-        monkeypatch.setattr(_rms_norm, "sm_count", lambda index: 4)  # no device to ask; any count is correct
+        monkeypatch.setattr(_norm_kernels, "sm_count", lambda index: 4)  # no device to ask; any count is correct
 
 
 @pytest.mark.parametrize("family", FAMILIES_HERE)

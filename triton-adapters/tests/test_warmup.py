@@ -2,8 +2,9 @@
 
 Anywhere: the switch and a missing GPU keep the thread from starting; once started, the runtime steps run first,
 each queued step runs once, and a failing step is logged and does not stop the ones after it (the thread's state
-is reset around each test). On a GPU, in a fresh process: binding the kernels through their modules' import runs
-the real steps, after which Triton's driver exists and its cache key is computed.
+is reset around each test). On a GPU, in a fresh process: binding the kernels (resolving their
+``kernels_triton.ops`` references, as kernelize does) runs the real steps, after which Triton's driver exists and its
+cache key is computed. That importing a module starts nothing is checked in ``test_imports.py``.
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def test_a_failing_step_is_logged_and_the_rest_still_run(fresh, monkeypatch, cap
 def test_binding_the_kernels_warms_tritons_runtime_on_a_gpu():
     # A fresh process: this one has long since set Triton's runtime up.
     script = textwrap.dedent("""
-        import sys, time
-        import kernels_triton._rms_norm, kernels_triton._loss   # what kernelize imports when it binds them
+        import pkgutil, sys, time
         from kernels_triton import _warmup
+        # What kernelize does when it binds these kernels.
+        pkgutil.resolve_name("kernels_triton.ops:rms_norm")
+        pkgutil.resolve_name("kernels_triton.ops:liger_fused_linear_cross_entropy")
         from triton.runtime import cache
         from triton.runtime.driver import driver
         # The runtime steps come first in the queue: once the thread has taken Liger's import, they are done.

@@ -76,7 +76,7 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
             kind="moe_experts",
             variants=(variant,),
             backend=BACKEND,
-            impl=f"kernels_triton._experts:moe_experts_{variant}",
+            impl=f"kernels_triton.ops:moe_experts_{variant}",
             priority=PRIORITY_GROUPED_MM,
             supports=Supports.BACKWARD | Supports.TORCH_COMPILE,
             capability=TRITON_CAPABILITY,

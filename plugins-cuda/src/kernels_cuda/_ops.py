@@ -11,9 +11,11 @@ imports Triton, so a host without it falls back at kernel load time.
 from __future__ import annotations
 
 import torch
-from kernels_triton import _native
-from kernels_triton import _residual_rms_norm
-from kernels_triton import _rms_norm
+from kernels_triton.ops import eager_residual_rms_norm
+from kernels_triton.ops import eager_rms_norm
+from kernels_triton.ops import native_residual_rms_norm
+from kernels_triton.ops import native_rms_norm
+from kernels_triton.ops import residual_rms_norm as triton_residual_rms_norm
 from torch.compiler import is_compiling
 
 
@@ -67,8 +69,8 @@ def rms_norm(
     """
     # is_compiling itself, not kernels_triton's tracing() wrapper: one Python frame less, once per layer and step.
     if not is_compiling() and _triton_wins(hidden_states, weight):
-        return _rms_norm.eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
-    return _native.rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+        return eager_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
+    return native_rms_norm(hidden_states, weight, eps=eps, offset=offset, casting=casting)
 
 
 def residual_rms_norm(
@@ -90,9 +92,7 @@ def residual_rms_norm(
         True
     """
     if is_compiling():
-        return _residual_rms_norm.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
-                                                    casting=casting)
+        return triton_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
     if _triton_wins(hidden_states, weight, residual):
-        return _residual_rms_norm.eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset,
-                                                          casting=casting)
-    return _native.residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+        return eager_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)
+    return native_residual_rms_norm(hidden_states, residual, weight, eps=eps, offset=offset, casting=casting)

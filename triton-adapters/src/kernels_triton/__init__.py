@@ -1,10 +1,12 @@
 """kernels-triton: the Triton kernels and Liger-Kernel adapters shared by the kernels-cuda and kernels-rocm plugins.
 
-A library, not a plugin: it registers no entry point. The adapter functions live in private modules and are
-referenced lazily from kernel declarations (``"kernels_triton._rms_norm:rms_norm"``); importing this package
-imports neither torch, Triton nor Liger. One module per op (``_rms_norm``, ``_residual_rms_norm``, ``_rotary``,
-``_gated``, ``_loss``, ``_layer_norm``, ``_experts``/``_moe``) holds its own Triton kernels where it has them, their
-autograd and custom ops, and its adapters over them and over Liger; ``_native`` the PyTorch-native alternatives.
+A library, not a plugin: it registers no entry point. Its public API is this package's top level (the declaration
+builders below) and :mod:`kernels_triton.ops`, which holds the adapter functions kernel declarations reference
+lazily (``"kernels_triton.ops:rms_norm"``) and the kernel-level entry points benchmarks use; importing either
+imports neither torch, Triton nor Liger. Behind ``ops``, private modules hold one op each (``_rms_norm``,
+``_residual_rms_norm``, ``_rotary``, ``_gated``, ``_loss``, ``_layer_norm``, ``_experts``/``_moe``): its Triton
+kernels where it has them (the norms' in ``_norm_kernels``), their autograd and custom ops, and its adapters over
+them and over Liger; ``_native`` holds the PyTorch-native alternatives. Other packages import public names only.
 
 Example:
     >>> from kernels_triton import liger_kernel_specs

@@ -34,15 +34,24 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
+from types import TracebackType
+from typing import Any
 
 import torch
 
 from ._launch import cdiv
 from ._launch import launch_hooks_registered
+from ._norm_kernels import SUM_TILING
+from ._norm_kernels import _add_rms_norm_fwd_kernel
+from ._norm_kernels import _rms_norm_bwd_kernel
+from ._norm_kernels import _rms_norm_fwd_kernel
+from ._norm_kernels import _sum_partials_kernel
+from ._norm_kernels import norm_backward_tiling
+from ._norm_kernels import norm_tiling
 
 
 __all__ = ["ENV_SWITCH", "arg_types", "clear_stale_lock", "eager_norm", "extension", "failure", "give_up",
-           "load_extension", "status"]
+           "load_extension", "norm_call", "python_autograd", "status"]
 
 ENV_SWITCH = "KERNELS_TRITON_CPP_AUTOGRAD"
 
@@ -152,6 +161,10 @@ def extension(*, wait: bool = False) -> ModuleType | None:
     """The loaded extension, or None while it builds, when it failed or is disabled.
 
     The first call starts the build in a background thread; ``wait=True`` blocks until it has finished.
+
+    Example:
+        >>> if torch.version.cuda is None:   # a CPU or ROCm build of torch: never built, nothing started
+        ...     assert extension(wait=True) is None and status() == "disabled"
     """
     global _thread, _failure
     if _module is not None:
@@ -182,7 +195,12 @@ def give_up(error: BaseException) -> None:
 
 
 def status() -> str:
-    """``not started``, ``disabled``, ``building``, ``ready`` or ``failed`` (:func:`failure` says why)."""
+    """``not started``, ``disabled``, ``building``, ``ready`` or ``failed`` (:func:`failure` says why).
+
+    Example:
+        >>> status() in {"not started", "disabled", "building", "ready", "failed"}
+        True
+    """
     if _module is not None:
         return "ready"
     if _failure is not None:
@@ -191,7 +209,12 @@ def status() -> str:
 
 
 def failure() -> str | None:
-    """Why the extension is not used (build error or the switch that disabled it), or None."""
+    """Why the extension is not used (build error or the switch that disabled it), or None.
+
+    Example:
+        >>> (failure() is not None) == (status() in {"disabled", "failed"})
+        True
+    """
     return _failure
 
 
@@ -289,9 +312,6 @@ def _prepare(extension: ModuleType, residual: bool, shape: torch.Size, dtype: to
              weight_dtype: torch.dtype, gemma: bool, has_offset: bool, device: int) -> tuple | bool:
     """(extension function, ``NormCall``) for inputs of this signature, or False (not a GPU tensor, 2**31 rows or
     more, kernels whose launch the extension does not reproduce)."""
-    from ._rms_norm import norm_backward_tiling
-    from ._rms_norm import norm_tiling
-
     n_cols = shape[-1]
     n_rows = shape.numel() // n_cols
     if n_rows >= 2**31 or n_rows == 0 or device < 0:
@@ -315,6 +335,73 @@ def _prepare(extension: ModuleType, residual: bool, shape: torch.Size, dtype: to
     return (extension.residual_rms_norm if residual else extension.rms_norm), call
 
 
+def norm_call(hidden_states: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, casting: str = "llama",
+              offset: float = 0.0) -> tuple[Callable[..., Any], object] | None:
+    """The C++ node's entry for inputs of this signature, to time it alone: ``(function, call)``, or None while the
+    extension is not loaded and where it does not take such inputs (CPU tensors, 2**31 rows or more).
+
+    ``function(hidden_states, weight, eps, offset, call)`` (with ``residual=True``: ``function(hidden_states,
+    residual, weight, eps, offset, call)``, returning the normalised sum and the sum) runs the node directly,
+    without :func:`eager_norm`'s per-call lookup; its inputs must have the signature asked for here (shape, dtypes,
+    device) and be contiguous and 16-byte aligned. This does not start the build (:func:`extension` does).
+
+    Example:
+        >>> norm_call(torch.zeros(4, 64), torch.ones(64)) is None   # CPU tensors: no C++ node
+        True
+    """
+    if _module is None:
+        return None
+    return _prepare(_module, residual, hidden_states.shape, hidden_states.dtype, weight.dtype, casting == "gemma",
+                    offset != 0.0, hidden_states.get_device()) or None
+
+
+def _declined(*args: object, **kwargs: object) -> None:
+    return None
+
+
+class _PythonAutograd:
+    """The context :func:`python_autograd` returns: swaps :func:`eager_norm` for a function that declines every
+    call, so the hot path itself carries no switch. Nests; process-wide while it is entered."""
+
+    def __init__(self) -> None:
+        self._saved: list[Callable[..., Any]] = []
+
+    def __enter__(self) -> None:
+        self._saved.append(globals()["eager_norm"])
+        globals()["eager_norm"] = _declined
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        globals()["eager_norm"] = self._saved.pop()
+
+
+_PYTHON_AUTOGRAD = _PythonAutograd()
+
+
+def python_autograd() -> _PythonAutograd:
+    """A context within which the norms' eager calls with autograd take the Python ``autograd.Function`` path, as
+    without the extension, to time the two paths side by side in one process.
+
+    For benchmarks: it changes which path every thread's calls take while it is entered (the adapters look
+    :func:`eager_norm` up on this module at each call), and costs a few hundred nanoseconds to enter and leave.
+
+    Example (the node types need a GPU and, for the C++ one, the extension built, which the call outside the block
+    would start; on CPU the native path runs):
+        >>> from kernels_triton import ops
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> x = torch.randn(4096, 1024, device=device, requires_grad=True)
+        >>> w = torch.ones(1024, device=device)
+        >>> with python_autograd():
+        ...     y = ops.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")
+        >>> type(y.grad_fn).__name__  # doctest: +SKIP
+        '_RMSNormBackward'
+        >>> y = ops.eager_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama")  # doctest: +SKIP
+        >>> type(y.grad_fn).__name__  # doctest: +SKIP
+        'KernelsTritonRMSNormBackward'
+    """
+    return _PYTHON_AUTOGRAD
+
+
 def _kernel(extension: ModuleType, kernel: object, args: tuple, num_warps: int) -> object | None:
     """``kernel`` compiled for ``args`` (dtypes stand for 16-byte aligned tensors) and loaded on the current
     device, as the extension's ``Kernel``; None if its launch is not one the extension reproduces."""
@@ -332,17 +419,9 @@ def _build_norm_plan(extension: ModuleType, residual: bool, dtype: torch.dtype, 
                      n_cols: int, gemma: bool, has_offset: bool, device: int) -> object | None:
     """The compiled kernels of one norm variant as the extension's ``NormPlan``; None if one cannot be used.
 
-    The arguments mirror the Python path's launches (``_rms_norm``, ``_residual_rms_norm``), with row counts below
+    The arguments mirror the Python path's launches (``_norm_kernels``' launch functions), with row counts below
     2**31 (32-bit integers).
     """
-    from ._residual_rms_norm import _add_rms_norm_fwd_kernel
-    from ._rms_norm import SUM_TILING
-    from ._rms_norm import _rms_norm_bwd_kernel
-    from ._rms_norm import _rms_norm_fwd_kernel
-    from ._rms_norm import _sum_partials_kernel
-    from ._rms_norm import norm_backward_tiling
-    from ._rms_norm import norm_tiling
-
     f32 = torch.float32
     block_m, block_n, num_warps = norm_tiling(n_cols, dtype.itemsize)
     # As the eager autograd path launches them: the forward stores no rstd (its RSTD slot gets the output), the

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from . import _native
-from . import _warmup
 from ._compile import tracing
 from ._custom_op import custom_op
 from ._custom_op import register_backward
@@ -30,10 +29,6 @@ from ._device import on_device_of
 __all__ = ["experts_forward", "grouped_mm", "moe_experts_gelu_tanh", "moe_experts_silu", "routing"]
 
 _ACTIVATIONS = ("silu", "gelu_tanh")
-
-# Imported by kernelize when it binds the experts: the kernel modules that the first GPU call would import (Triton
-# and its runtime set-up with them) load in the background instead.
-_warmup.start("kernels_triton._gated", "kernels_triton._combine")
 
 
 def routing(

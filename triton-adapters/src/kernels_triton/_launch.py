@@ -1,7 +1,9 @@
 """Host-side helpers of this package's Triton kernels: integer arithmetic without Triton's per-call overhead, the
 SM count, and whether a Triton launch hook is registered.
 
-Importing this module imports Triton; the op modules import it, and adapters import those lazily (GPU tensors).
+Importing this module imports Triton (its runtime settings, if present); it starts nothing. The op modules import
+it; Triton's runtime set-up on a background thread (:mod:`kernels_triton._warmup`) starts when kernelize binds one of
+their kernels through :mod:`kernels_triton.ops`.
 """
 
 from __future__ import annotations
@@ -9,8 +11,6 @@ from __future__ import annotations
 import functools
 
 import torch
-
-from . import _warmup
 
 
 __all__ = ["FLOATS", "cdiv", "launch_hooks_registered", "next_power_of_2", "sm_count"]
@@ -24,10 +24,6 @@ except ImportError:
     _knobs = None
 # Triton's runtime settings, which hold the launch hooks (Triton 3.4+), or None.
 _RUNTIME = getattr(_knobs, "runtime", None)
-
-# This module is imported by every op module with Triton kernels, so by kernelize when it binds one of them:
-# Triton's one-off runtime set-up starts now, in the background, instead of in the first launch.
-_warmup.start()
 
 
 def launch_hooks_registered() -> bool:

@@ -19,20 +19,17 @@ training step; ``benchmarks/results/configs-ab-h100.json``, run ``own-loss``: Qw
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from . import _warmup
 from ._compile import tracing
 from ._custom_op import custom_op
 
 
-__all__ = ["fused_linear_cross_entropy"]
+__all__ = ["CHUNK_ROWS_ENV", "fused_linear_cross_entropy"]
 
 _EMPTY = (0,)
-
-# Imported by kernelize when it binds the loss: Liger's operators (0.6 s to import on an H100 host) load in the
-# background instead of in the first step's loss.
-_warmup.start("liger_kernel.ops.fused_linear_cross_entropy")
 
 # Liger sizes its token chunks so that one chunk's logits hold about chunk_mem_const x tokens x hidden elements;
 # its default (1) gives 64-row chunks for a 152k vocabulary and 8192 tokens. Every chunk reads and writes the whole
@@ -40,7 +37,28 @@ _warmup.start("liger_kernel.ops.fused_linear_cross_entropy")
 # 256-row chunks the Gemma-3-4B shape's loss took 82 ms of a 165 ms step against 48 ms for torch.compile's
 # unchunked loss. Chunks of about 2048 rows make those matmuls compute-bound in every published shape, for one
 # chunk of logits (2048 x V, 1.0 GiB at Gemma's 262k vocabulary) on top of the [V, H] gradient already held.
-_CHUNK_ROWS = 2048
+_DEFAULT_CHUNK_ROWS = 2048
+# Overrides the chunk rows for the process, read once when this module is imported (benchmarks sweep it).
+CHUNK_ROWS_ENV = "KERNELS_TRITON_LOSS_CHUNK_ROWS"
+
+
+def _chunk_rows_setting() -> int:
+    """The token rows per chunk: :data:`CHUNK_ROWS_ENV` if set (a positive integer, else ValueError), else 2048.
+
+    Example:
+        >>> _chunk_rows_setting() == int(os.environ.get(CHUNK_ROWS_ENV) or _DEFAULT_CHUNK_ROWS)
+        True
+    """
+    value = os.environ.get(CHUNK_ROWS_ENV, "").strip()
+    if not value:
+        return _DEFAULT_CHUNK_ROWS
+    rows = int(value) if value.isdigit() else 0
+    if rows <= 0:
+        raise ValueError(f"{CHUNK_ROWS_ENV}={value!r}: expected a positive number of token rows per chunk")
+    return rows
+
+
+_CHUNK_ROWS = _chunk_rows_setting()
 
 
 # Elements per float32 scratch block when backward scales a half-precision gradient (64 MiB).
@@ -184,10 +202,16 @@ def fused_linear_cross_entropy(
 
     Without ``num_items_in_batch`` Liger's ``mean`` reduction divides by the non-ignored rows inside the kernel,
     in float32. With it, Liger sums and the division happens here; its gradient then scales Liger's stored
-    gradients in float32 (one rounding per element, as eager's).
+    gradients in float32 (one rounding per element, as eager's). Liger takes the tokens in chunks of about 2048
+    rows (``KERNELS_TRITON_LOSS_CHUNK_ROWS``, read once at import, overrides it).
 
     Example:
         >>> import torch
+        >>> h, w, labels = torch.randn(6, 8), torch.randn(32, 8), torch.randint(0, 32, (6,))
+        >>> loss = fused_linear_cross_entropy(h, w, labels, bias=None, ignore_index=-100, num_items_in_batch=None,
+        ...                                   softcap=None)   # CPU tensors: the core's portable loss
+        >>> loss.dtype, loss.shape
+        (torch.float32, torch.Size([]))
         >>> h, w = torch.randn(6, 8, device="cuda"), torch.randn(32, 8, device="cuda")  # doctest: +SKIP
         >>> fused_linear_cross_entropy(h, w, torch.randint(0, 32, (6,), device="cuda"), bias=None,
         ...                            ignore_index=-100, num_items_in_batch=None, softcap=None)  # doctest: +SKIP

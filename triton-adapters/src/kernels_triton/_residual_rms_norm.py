@@ -1,20 +1,20 @@
 """The residual add and the RMSNorm after it (a decoder layer's ``residual + attn_out`` and post-attention norm):
-this package's Triton kernel, one launch per direction, its autograd (a Python ``autograd.Function``, or the C++
+the autograd of this package's Triton kernel, one launch per direction (a Python ``autograd.Function``, or the C++
 node of :mod:`kernels_triton._cpp_extension` once built), its ``torch.library`` custom ops and the adapter.
 
-The forward writes the normalised sum and the sum (the next residual, which the layer keeps anyway); the backward
-is :func:`kernels_triton._rms_norm.add_rms_norm_backward` over the saved sum, adding the gradient that reaches the
-sum directly, so the attention output and the residual get their gradient from one kernel. Liger has no such kernel.
+The forward (:func:`kernels_triton._norm_kernels.add_rms_norm_forward`) writes the normalised sum and the sum (the
+next residual, which the layer keeps anyway); the backward is
+:func:`kernels_triton._norm_kernels.add_rms_norm_backward` over the saved sum, adding the gradient that reaches the
+sum directly, so the attention output and the residual get their gradient from one kernel. Liger has no such
+kernel.
 """
 
-# Triton kernel parameters are pointers and scalars whose types the JIT specialises at launch; they take no hints.
+# autograd.Function's forward and backward take a context and tensors, typed by torch itself.
 # ruff: noqa: ANN001
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from . import _cpp_extension
 from . import _native
@@ -24,54 +24,13 @@ from ._custom_op import custom_op
 from ._custom_op import dense_like
 from ._custom_op import register_backward
 from ._device import eager_device_context
-from ._launch import cdiv
-from ._rms_norm import _normalize_rows
-from ._rms_norm import add_rms_norm_backward
-from ._rms_norm import norm_tiling
+from ._norm_kernels import add_rms_norm_backward
+from ._norm_kernels import add_rms_norm_forward
 from ._rms_norm import rms_norm_supported
 
 
-__all__ = ["add_rms_norm_forward", "apply_residual_rms_norm", "eager_residual_rms_norm", "residual_rms_norm",
-           "residual_rms_norm_op", "residual_rms_norm_supported"]
-
-
-@triton.jit(do_not_specialize=["n_rows"])
-def _add_rms_norm_fwd_kernel(
-    X, R, W, Y, S, RSTD, n_rows, eps, offset, N_COLS: tl.constexpr,
-    GEMMA: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    # The RMSNorm forward above, reading the attention output and the residual instead of one input and writing
-    # their sum (the next residual) beside the normalised rows.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < n_rows
-    col_mask = cols < N_COLS
-    mask = row_mask[:, None] & col_mask[None, :]
-    offs = rows.to(tl.int64)[:, None] * N_COLS + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
-    # Eager adds in the input dtype and normalises that rounded sum: round here at the same point.
-    s = (x + r).to(S.dtype.element_ty)
-    tl.store(S + offs, s, mask=mask)
-    _normalize_rows(s.to(tl.float32), S, W, Y, RSTD, offs, rows, row_mask, cols, col_mask, mask, eps, offset, N_COLS,
-                    GEMMA, HAS_OFFSET, STORE_RSTD)
-
-
-def add_rms_norm_forward(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-                         gemma: bool, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Over contiguous same-shape ``x`` and ``r`` of any rank: the normalised sum, the sum, and (if asked) the rstd."""
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols
-    y = torch.empty_like(x)
-    s = torch.empty_like(x)
-    rstd = x.new_empty((n_rows,), dtype=torch.float32) if store_rstd else None
-    block_m, block_n, num_warps = norm_tiling(n_cols, x.element_size())
-    _add_rms_norm_fwd_kernel[(cdiv(n_rows, block_m),)](
-        x, r, weight, y, s, rstd if rstd is not None else y, n_rows, eps, offset,
-        n_cols, gemma, offset != 0.0, store_rstd, block_m, block_n, num_warps=num_warps,
-    )
-    return y, s, rstd
+__all__ = ["apply_residual_rms_norm", "eager_residual_rms_norm", "residual_rms_norm", "residual_rms_norm_op",
+           "residual_rms_norm_supported"]
 
 
 class _AddRMSNorm(torch.autograd.Function):

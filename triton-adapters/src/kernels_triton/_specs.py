@@ -29,7 +29,8 @@ _ALL_DTYPES = ("float16", "bfloat16", "float32")
 
 @dataclass(frozen=True)
 class AdapterEntry:
-    """One shared adapter: the layer kind and variants it implements and where its function lives."""
+    """One shared adapter: the layer kind and variants it implements and where its function lives (``impl``, a
+    ``kernels_triton.ops:<name>`` reference: declarations name public paths only)."""
 
     kind: str
     variants: tuple[str, ...]
@@ -52,18 +53,18 @@ _NORM, _GATED, _ROPE = ("standard", "offset"), ("split", "fused"), ("full", "par
 # kernels, which crashed Liger + torch.compile with an illegal memory access). The adapters still trace without
 # graph breaks if a model kernelized for eager is compiled afterwards: they defer to the native math then.
 LIGER_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
-    AdapterEntry("rms_norm", _NORM, "kernels_triton._rms_norm:liger_rms_norm", _GRAD,
+    AdapterEntry("rms_norm", _NORM, "kernels_triton.ops:liger_rms_norm", _GRAD,
                  "Liger Triton RMSNorm (llama/gemma casting, in_place=False)"),
-    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton._gated:liger_silu_mul", _GRAD,
+    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton.ops:liger_silu_mul", _GRAD,
                  "Liger fused SiLU(gate) * up"),
-    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton._gated:liger_gelu_tanh_mul", _GRAD,
+    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton.ops:liger_gelu_tanh_mul", _GRAD,
                  "Liger fused GELU-tanh(gate) * up"),
-    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton._rotary:liger_rotary_embedding", _GRAD,
+    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton.ops:liger_rotary_embedding", _GRAD,
                  "Liger Triton RoPE (inputs never modified)"),
-    AdapterEntry("causal_lm_loss", ("standard", "softcap"), "kernels_triton._loss:fused_linear_cross_entropy",
+    AdapterEntry("causal_lm_loss", ("standard", "softcap"), "kernels_triton.ops:liger_fused_linear_cross_entropy",
                  _COMPILE, "Liger fused linear cross-entropy as a torch.library custom op (no [N, V] logits)"),
-    AdapterEntry("layer_norm", ("bias",), "kernels_triton._layer_norm:layer_norm", _GRAD, "Liger Triton LayerNorm"),
-    AdapterEntry("moe_experts", ("silu",), "kernels_triton._moe:moe_experts_silu", _GRAD,
+    AdapterEntry("layer_norm", ("bias",), "kernels_triton.ops:liger_layer_norm", _GRAD, "Liger Triton LayerNorm"),
+    AdapterEntry("moe_experts", ("silu",), "kernels_triton.ops:liger_moe_experts_silu", _GRAD,
                  "Liger fused grouped-GEMM MoE experts (SwiGLU)"),
 )
 
@@ -73,31 +74,31 @@ LIGER_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
 # torch.compile they are traced as torch.library custom ops: opaque to Inductor, saving what they save eagerly
 # plus one float32 rstd per row.
 TRITON_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
-    AdapterEntry("rms_norm", _NORM, "kernels_triton._rms_norm:rms_norm", _COMPILE,
+    AdapterEntry("rms_norm", _NORM, "kernels_triton.ops:rms_norm", _COMPILE,
                  "Triton RMSNorm, one launch per direction (llama/gemma casting; saves only x: the backward "
                  "recomputes rstd)"),
-    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton._gated:silu_mul", _COMPILE,
+    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton.ops:silu_mul", _COMPILE,
                  "Triton SiLU(gate) * up, one launch (saves only gate and up)"),
-    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton._gated:gelu_tanh_mul", _COMPILE,
+    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton.ops:gelu_tanh_mul", _COMPILE,
                  "Triton GELU-tanh(gate) * up, one launch (saves only gate and up)"),
-    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton._rotary:rotary_embedding", _COMPILE,
+    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton.ops:rotary_embedding", _COMPILE,
                  "Triton RoPE, q and k in one launch (inputs never modified)"),
-    AdapterEntry("residual_rms_norm", _NORM, "kernels_triton._residual_rms_norm:residual_rms_norm", _COMPILE,
+    AdapterEntry("residual_rms_norm", _NORM, "kernels_triton.ops:residual_rms_norm", _COMPILE,
                  "Triton residual add + RMSNorm, one launch per direction (saves the sum only, the next residual)"),
 )
 
 NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
-    AdapterEntry("rms_norm", _NORM, "kernels_triton._native:rms_norm", _COMPILE,
+    AdapterEntry("rms_norm", _NORM, "kernels_triton.ops:native_rms_norm", _COMPILE,
                  "torch.nn.functional.rms_norm eagerly (one fused ATen kernel); the eager ops under torch.compile"),
-    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton._native:silu_mul", _COMPILE,
+    AdapterEntry("silu_gated_mlp", _GATED, "kernels_triton.ops:native_silu_mul", _COMPILE,
                  "ATen silu(gate) * up (Inductor fuses it under torch.compile)"),
-    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton._native:gelu_tanh_mul", _COMPILE,
+    AdapterEntry("gelu_gated_mlp", _GATED, "kernels_triton.ops:native_gelu_tanh_mul", _COMPILE,
                  "ATen gelu-tanh(gate) * up (Inductor fuses it)"),
-    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton._native:rotary_embedding", _COMPILE,
+    AdapterEntry("rotary_embedding", _ROPE, "kernels_triton.ops:native_rotary_embedding", _COMPILE,
                  "ATen RoPE math (Inductor fuses it)"),
-    AdapterEntry("layer_norm", ("bias", "no_bias"), "kernels_triton._native:layer_norm", _COMPILE,
+    AdapterEntry("layer_norm", ("bias", "no_bias"), "kernels_triton.ops:native_layer_norm", _COMPILE,
                  "torch.nn.functional.layer_norm"),
-    AdapterEntry("residual_rms_norm", _NORM, "kernels_triton._native:residual_rms_norm", _COMPILE,
+    AdapterEntry("residual_rms_norm", _NORM, "kernels_triton.ops:native_residual_rms_norm", _COMPILE,
                  "ATen add, then the native RMSNorm eagerly; under torch.compile Inductor fuses the add into the "
                  "norm"),
 )

@@ -1,6 +1,10 @@
 """Triton's one-off runtime set-up, done on a background thread as soon as a kernel of this package is bound on a
 GPU, so that the model's first step does not wait for it.
 
+Kernelize binds a kernel by resolving its declared reference, ``kernels_triton.ops:<name>``; :mod:`kernels_triton.ops`
+calls :func:`start` then, for the kernels that launch Triton or Liger code. Importing a module of this package never
+starts the thread.
+
 A kernelized model's first step pays, once per process, for work that eager PyTorch never does: creating Triton's
 CUDA driver (an ``ldconfig`` call and loading, or on a new machine compiling, its C helpers), hashing Triton's own
 files into its cache key, importing the kernel modules that adapters import only on their first GPU call and
