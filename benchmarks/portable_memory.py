@@ -39,19 +39,16 @@ CONFIGS: dict[str, dict | None] = {
 
 
 def _ensure_builtin_plugins() -> str:
-    """With ``core/src`` only on PYTHONPATH there are no entry points: register the core's own plugins by hand."""
-    import importlib
-
+    """The core's own plugins come from its entry points: without an installed kernels-core (``core/src`` only on
+    PYTHONPATH) there are none, and the run would measure nothing."""
     import kernels_core
 
     loaded = {p.name for p in kernels_core.list_plugins() if p.status == "loaded"}
     missing = [name for name in ("builtin", "portable") if name not in loaded]
-    for name in missing:
-        module = importlib.import_module("kernels_core._builtin" + ("" if name == "builtin" else f".{name}"))
-        kernels_core.get_plugin_manager().register(
-            module, name, distribution="kernels-core", version=kernels_core.__version__
-        )
-    return f"registered in-process: {', '.join(missing)}" if missing else "entry points"
+    if missing:
+        raise SystemExit(f"kernels-core's plugins {missing} are not installed: pip install -e core (or ./core) so "
+                         "that its entry points exist")
+    return "entry points"
 
 
 def worker(variant: str, shape_name: str, device_name: str, steps: int, plugins: str) -> dict:

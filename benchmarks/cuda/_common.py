@@ -315,7 +315,7 @@ def kernelized_norms(hidden: int, dtype: torch.dtype, *, mode: kernels_core.Mode
 def settle_cpp_extension() -> str:
     """Wait until kernels-triton's C++ autograd nodes are built (or known unavailable) and return their status, so
     that no timed variant runs the slower Python nodes merely because it ran first on a new machine."""
-    from kernels_triton import _cpp_extension
+    from kernels_triton import ops
 
-    _cpp_extension.extension(wait=True)
-    return _cpp_extension.status()
+    ops.cpp_autograd_extension(wait=True)
+    return ops.cpp_autograd_status()
