@@ -25,6 +25,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,11 +399,15 @@ class MatchContext:
         seed: seed for probe inputs, so classification is reproducible.
         mode: the mode kernelize resolves for (a ``kernels_core.Mode``), for kinds whose kernel runs in one
             mode only; None when unknown.
+        options: the configured ``[kinds.<name>] options`` per kind name, for matchers whose choice of modules
+            an option widens (the ``linear`` kind's ``lm_head``).
     """
 
-    def __init__(self, root: nn.Module, *, seed: int = 1234, mode: Any = None) -> None:
+    def __init__(self, root: nn.Module, *, seed: int = 1234, mode: Any = None,
+                 options: Mapping[str, Mapping[str, object]] | None = None) -> None:
         self.root = root
         self.mode = mode
+        self.options: Mapping[str, Mapping[str, object]] = options or {}
         self.config = getattr(root, "config", None)
         self._seed = seed
         self._rotary_dims: set[int] | None = None
