@@ -2,7 +2,7 @@
 
 The task: sequences drawn from a fixed random Markov chain over ``--vocab`` tokens (4096), each token followed by
 one of ``--branching`` successors (8) with random probabilities (a seeded generator builds the chain, and the
-batches, once; every variant sees the same ones). The best possible loss is the chain's entropy rate (about 1.6
+batches, once; every variant sees the same ones). The best possible loss is the chain's entropy rate (about 1.7
 nats for 8 successors), far below log(vocab) (8.3 nats), so a model that learns the transitions shows a long,
 falling loss curve on which FP8 rounding could show. The model: the Llama-3.1-8B shape cut to 4 layers (hidden 4096,
 MLP 14336, 32 heads, 8 KV heads) with the task's vocabulary, bf16 weights, the same initial weights in every
