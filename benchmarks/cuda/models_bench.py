@@ -60,6 +60,11 @@ MODELS = {
         num_key_value_heads=4, head_dim=256, vocab_size=262208, query_pre_attn_scalar=256, sliding_window=1024,
         rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=131072,
     ),
+    # The whole Qwen3-0.6B (qwen3_bench.py's shape), for the FP8 variants' ratio on a small model.
+    "qwen3-0.6b": dict(
+        family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+    ),
     "llama-3.1-8b-4l": dict(
         family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False, rms_norm_eps=1e-5,
@@ -82,6 +87,7 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
         "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[family]
     config = config_cls(**spec, attn_implementation="sdpa")
     if experts is not None:

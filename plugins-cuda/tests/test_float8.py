@@ -42,10 +42,16 @@ PROJECTIONS = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_
 
 @pytest.fixture
 def float8():
-    """The kernels' module; it imports torchao."""
+    """The kernels' module (it imports torchao), where this torch multiplies float8 tensors on the CPU."""
     pytest.importorskip("torchao", reason="the FP8 kernels call torchao (kernels-cuda[fp8])")
     from kernels_cuda import _float8
 
+    one = torch.ones(16, 16, dtype=torch.float8_e4m3fn)
+    scale = torch.ones((), dtype=torch.float32)
+    try:
+        torch._scaled_mm(one, one.t(), scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as exc:
+        pytest.skip(f"torch {torch.__version__} does not multiply float8 tensors on the CPU ({type(exc).__name__})")
     return _float8
 
 
