@@ -12,13 +12,15 @@ autotuning and torch.compile all land there).
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
 ``hf_grouped_mm`` (``experts_implementation`` set explicitly, MoE shapes only), ``liger`` (Liger's model patch, as
 the Trainer's ``use_liger_kernel`` applies it), ``kernelize``, ``compile``, ``kernelize_compile``,
-``hf_grouped_mm_compile``. A suffix ``@name`` runs a variant again under another row name; a name starting with
-``cold`` also gives its process an empty Triton kernel cache, as the first run on a machine finds it (the other
-rows find the cache the settling process and earlier rows filled, as every later run does), and
-``@name:VAR=VALUE`` sets one environment variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``);
-a modifier ``+chunk<N>`` sets the fused loss's token chunks to about N rows. Kernelize's own seconds are recorded
-apart from the first step's (``kernelize_s``) and together with it (``to_first_step_s``: from the model's
-preparation to the end of its first step). ``--profile`` adds the GPU time per kernel of one more step to each row.
+``hf_grouped_mm_compile``, and ``fp8_rowwise`` / ``fp8_tensorwise``: kernelize + compile with every decoder-layer
+linear projection in FP8 (``[kinds.linear] prefer``, kernels-cuda[fp8]; rows gain ``speed_vs_kernelize_compile``).
+A suffix ``@name`` runs a variant again under another row name; a name starting with ``cold`` also gives its
+process an empty Triton kernel cache, as the first run on a machine finds it (the other rows find the cache the
+settling process and earlier rows filled, as every later run does), and ``@name:VAR=VALUE`` sets one environment
+variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``); a modifier ``+chunk<N>`` sets the fused
+loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
+(``kernelize_s``) and together with it (``to_first_step_s``: from the model's preparation to the end of its first
+step). ``--profile`` adds the GPU time per kernel of one more step to each row.
 
 Before the timed processes one untimed process per model trains a step kernelized and waits for kernels-triton's
 C++ extension: the first pays what only a machine's first CUDA process pays (reading the CUDA
@@ -58,6 +60,11 @@ MODELS = {
         num_key_value_heads=4, head_dim=256, vocab_size=262208, query_pre_attn_scalar=256, sliding_window=1024,
         rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=131072,
     ),
+    # The whole Qwen3-0.6B (qwen3_bench.py's shape), for the FP8 variants' ratio on a small model.
+    "qwen3-0.6b": dict(
+        family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+    ),
     "llama-3.1-8b-4l": dict(
         family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False, rms_norm_eps=1e-5,
@@ -80,6 +87,7 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
         "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[family]
     config = config_cls(**spec, attn_implementation="sdpa")
     if experts is not None:
@@ -102,15 +110,17 @@ def prepare(model, variant: str, modifiers: list[str]) -> tuple[object, str]:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model)
-    if variant.startswith("kernelize"):
+    fp8 = variant.startswith("fp8_")
+    if variant.startswith("kernelize") or fp8:
         import kernels_core
 
         mode = kernels_core.Mode.TRAINING
-        if variant.endswith("compile"):
+        if variant.endswith("compile") or fp8:
             mode |= kernels_core.Mode.TORCH_COMPILE
-        kernels_core.kernelize(model, mode=mode)
+        config = {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{variant[4:]}"]}}}} if fp8 else None
+        kernels_core.kernelize(model, mode=mode, config=config)
         how = "; ".join(filter(None, [how, kernels_core.get_report(model).summary()]))
-    if variant.endswith("compile"):
+    if variant.endswith("compile") or fp8:
         return torch.compile(model), how
     return model, how
 
@@ -136,13 +146,13 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
         "step_ms": round(1e3 * timed["seconds"] / steps, 2),
         "peak_GiB": round(timed["peak_bytes"] / 2**30, 2),
         "first_step_s": round(timed["first_step_s"], 2),
-        **({"kernelize_s": round(kernelize_s, 2)} if base.startswith("kernelize") else {}),
+        **({"kernelize_s": round(kernelize_s, 2)} if base.startswith(("kernelize", "fp8_")) else {}),
         # What a user waits for from the model's preparation to the end of the first step.
         "to_first_step_s": round(kernelize_s + timed["first_step_s"], 2),
         "losses": [round(v, 4) for v in timed["losses"]],
         "binding": how,
     }
-    if base.endswith("compile"):
+    if base.endswith("compile") or base.startswith("fp8_"):
         from torch._dynamo.utils import counters
 
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
@@ -258,7 +268,7 @@ def _ratios(rows: list[dict]) -> None:
     for row in rows:
         if not row.get("tokens_per_s"):
             continue
-        for base in ("eager", "compile"):
+        for base in ("eager", "compile", "kernelize_compile"):
             ref = index.get((row["model"], base))
             if ref and ref.get("tokens_per_s"):
                 row[f"speed_vs_{base}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)

@@ -58,6 +58,7 @@ PROVIDERS: dict[str, tuple[str, ...]] = {
     "bitsandbytes": ("bitsandbytes",),
     "torchgen": ("torch",),  # torch ships torchgen
     "deepspeed": ("deepspeed",),
+    "torchao": ("torchao",),
 }
 # Distributions a test needs without importing them. transformers imports accelerate lazily and raises without it
 # for from_pretrained(device_map=...) / (tp_plan=...) and for its Trainer and TrainingArguments; kernels-core's

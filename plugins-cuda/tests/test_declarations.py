@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -53,15 +54,21 @@ def test_each_experts_activation_prefers_the_grouped_products(variant, expected)
         assert max(eligible, key=lambda s: s.priority).id == expected
 
 
-def test_triton_kernels_require_ampere_and_only_liger_ones_require_liger():
+def test_triton_kernels_require_ampere_and_only_liger_and_fp8_ones_require_a_library():
     for spec in SPECS:
         if spec.id.endswith((".liger", ".tuned", ".triton")):
             assert spec.capability is not None and spec.capability.min == (8, 0), spec.id
-        assert spec.requires == (("liger-kernel>=0.8.5",) if spec.id.endswith(".liger") else ()), spec.id
+        if spec.kind == "linear":
+            assert spec.capability is not None and spec.capability.min == (8, 9), spec.id
+            assert spec.requires == ("torchao>=0.17,<0.19",), spec.id
+        else:
+            assert spec.requires == (("liger-kernel>=0.8.5",) if spec.id.endswith(".liger") else ()), spec.id
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
 def test_impl_resolves(spec):
+    if spec.kind == "linear" and importlib.util.find_spec("torchao") is None:
+        pytest.skip("the FP8 kernels' module imports torchao (kernels-cuda[fp8]), not installed here")
     module, attr = spec.impl.split(":")
     assert callable(getattr(importlib.import_module(module), attr))
 
@@ -91,6 +98,6 @@ def test_only_kernels_that_trace_plain_math_for_inference_are_left_to_compile():
     # hands Inductor the native math when traced with no autograd graph.
     kept = {s.id for s in SPECS if s.supports & Supports.TORCH_COMPILE} - left
     assert kept == {"cuda.causal_lm_loss.liger", "cuda.moe_experts.grouped_mm_silu",
-                    "cuda.moe_experts.grouped_mm_gelu"}
+                    "cuda.moe_experts.grouped_mm_gelu", "cuda.linear.float8_rowwise", "cuda.linear.float8_tensorwise"}
     assert {"cuda.rms_norm.tuned", "cuda.residual_rms_norm.tuned", "cuda.rotary_embedding.triton"} <= left
     assert not any(s.left_to_compiler(Mode.TRAINING | Mode.TORCH_COMPILE) for s in SPECS)

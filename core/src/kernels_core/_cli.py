@@ -84,7 +84,7 @@ def _kernels(args: argparse.Namespace) -> int:
     for spec, plugin in kernels:
         modes = ["train" if Supports.BACKWARD in spec.supports else "infer"]
         if Supports.TORCH_COMPILE in spec.supports:
-            modes.append("compile")
+            modes.append("compile only" if spec.compile_only else "compile")
         # float16 -> f16, bfloat16 -> bf16, float32 -> f32: keeps the table narrow.
         dtypes = ",".join(d.replace("float", "f") for d in spec.dtypes)
         status = ", ".join(s for s, _ in problems.get(spec.id, [])) or "ok"
@@ -114,6 +114,7 @@ def _kinds(args: argparse.Namespace) -> int:
                 for name, types in kind.options.items()}
             payload.append({"name": kind.name, "description": kind.description, "variants": list(kind.variants),
                             "target": kind.target, "hint_names": list(kind.hint_names), "options": options,
+                            "opt_in": kind.opt_in,
                             "plugin": provided.plugin.name, "distribution": provided.plugin.distribution,
                             "version": provided.plugin.version})
         print(json.dumps({"kinds": payload}, indent=2))

@@ -239,13 +239,15 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     resolver = Resolver(pm, config, mode)
     # id(module) -> (kernel id, enclosing module name) for modules whose forward a planned kernel never calls.
     covered: dict[int, tuple[str, str]] = {}
-    ctx = MatchContext(model, mode=mode)
+    ctx = MatchContext(model, mode=mode, options={name: config.kind(name).options for name in kinds})
     # Matchers and adapters that raise, and kernels whose output does not fit their module: warned once each.
     faults = PluginFaults()
     checks = KernelChecks(ctx, faults)
     matchers = {}
     unusable: list[ReportEntry] = []
     for name in sorted(kinds):
+        if kinds[name].kind.opt_in and not any(config.kind(name).prefer.values()):
+            continue  # an opt-in kind nobody asked for is not visited at all (LayerKind.opt_in)
         # A kind whose matcher or adapter does not load is left out, warned about once and reported; the others
         # keep working. Strict kernelize raises for it.
         problem = pm.kind_problem(name)

@@ -87,6 +87,7 @@ class Resolver:
         for provided in pm.kernels():
             self._by_kind.setdefault(provided.spec.kind, []).append(provided)
         self._load_errors: dict[str, str] = {}
+        self._opt_in = frozenset(name for name, provided in pm.layer_kinds().items() if provided.kind.opt_in)
 
     def kernels_for(self, kind: str) -> list[ProvidedKernel]:
         return self._by_kind.get(kind, [])
@@ -118,6 +119,9 @@ class Resolver:
             return "mode unsupported: inference-only kernel (no backward), mode is TRAINING"
         if Mode.TORCH_COMPILE in self.mode and Supports.TORCH_COMPILE not in spec.supports:
             return "mode unsupported: not declared torch.compile-safe, mode includes TORCH_COMPILE"
+        if spec.compile_only and Mode.TORCH_COMPILE not in self.mode:
+            return (f"mode unsupported: runs only under torch.compile (eagerly it is slower than what it replaces); "
+                    f"mode is {self.mode.name}, add Mode.TORCH_COMPILE")
         if target.dtype is not None and target.dtype not in spec.dtypes:
             return f"dtype unsupported: handles {list(spec.dtypes)}, module is {target.dtype}"
         info = target.device_info
@@ -163,6 +167,10 @@ class Resolver:
         preferred = kind_config.prefer.get(target.backend or "", ()) or kind_config.prefer.get("any", ())
         if preferred:
             return self._choose_preferred(match, target, preferred, candidates, verify)
+        if match.kind in self._opt_in:
+            # Requested for other backends only: an opt-in kind's kernels are never chosen automatically.
+            return Choice(None, reason=f"opt-in kind: kinds.{match.kind}.prefer names no kernel for backend "
+                                       f"{target.backend or target.device} (nor for 'any')")
         problems: list[str] = []
         for provided in candidates:
             problem = self.problem(provided, match, target)

@@ -223,6 +223,10 @@ class LayerKind:
         conformance: lazy ``module:attr`` of ``cases() -> Iterable[ConformanceCase]``: small modules of this kind
             on which ``kernels-core check`` and :func:`kernels_core.testing.assert_conforms` compare every kernel
             of the kind with the module's own forward. ``None``: kernels of the kind are reported unchecked.
+        opt_in: the kind's kernels change the numbers on purpose (FP8 matrix products), so nothing chooses them
+            automatically: kernelize visits the kind's modules only where configuration names kernels for it in
+            ``[kinds.<name>] prefer``, and uses exactly those (raising where none can serve a module). Unrequested,
+            the kind costs nothing and adds no report rows.
     """
 
     name: str
@@ -235,6 +239,7 @@ class LayerKind:
     # Excluded from the hash (a dict is unhashable) so that kinds stay usable as set members and cache keys.
     options: Mapping[str, type | tuple[type, ...]] | None = field(default=None, hash=False)
     conformance: str | None = None
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         _check_name(self.name, "layer kind name")
@@ -255,6 +260,8 @@ class LayerKind:
         _check_ref(self.adapter, f"layer kind {self.name!r} adapter")
         if self.conformance is not None:
             _check_ref(self.conformance, f"layer kind {self.name!r} conformance")
+        if not isinstance(self.opt_in, bool):
+            raise ValueError(f"layer kind {self.name!r}: opt_in must be a bool, got {self.opt_in!r}")
 
 
 @dataclass(frozen=True)
@@ -287,6 +294,10 @@ class KernelSpec:
             Where such a kernel would be chosen automatically, kernelize leaves the module on its own forward:
             the compiled graph would be the same, and the binding would only add Dynamo guards, checked on every
             call (a third of a CUDA-graphed decoding step on Qwen3-0.6B). A kernel named in ``prefer`` is bound.
+        compile_only: chosen only when the kernelize mode includes ``Mode.TORCH_COMPILE``: eagerly the kernel
+            would run slower than what it replaces (torchao's FP8 casts are separate, unfused kernels), so a mode
+            without it passes the kernel over (and a ``prefer`` naming it raises). Needs
+            ``Supports.TORCH_COMPILE``.
     """
 
     id: str
@@ -302,6 +313,7 @@ class KernelSpec:
     requires: tuple[str, ...] = ()
     description: str = ""
     native_when_compiled: Mode = Mode(0)
+    compile_only: bool = False
 
     def __post_init__(self) -> None:
         _check_id(self.id, "kernel id")
@@ -332,6 +344,10 @@ class KernelSpec:
                              f"INFERENCE and/or TRAINING, or Mode(0); got {native!r}")
         if native and Supports.TORCH_COMPILE not in self.supports:
             raise ValueError(f"kernel {self.id!r}: native_when_compiled needs Supports.TORCH_COMPILE in supports")
+        if not isinstance(self.compile_only, bool):
+            raise ValueError(f"kernel {self.id!r}: compile_only must be a bool, got {self.compile_only!r}")
+        if self.compile_only and Supports.TORCH_COMPILE not in self.supports:
+            raise ValueError(f"kernel {self.id!r}: compile_only needs Supports.TORCH_COMPILE in supports")
 
     def left_to_compiler(self, mode: Mode) -> bool:
         """Whether kernelize in ``mode`` leaves this kernel's modules to torch.compile (see ``native_when_compiled``).

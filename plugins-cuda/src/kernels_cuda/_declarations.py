@@ -23,6 +23,7 @@ from kernels_triton import native_kernel_specs
 from kernels_triton import triton_kernel_specs
 
 from ._detect import BACKEND
+from ._float8_specs import float8_kernel_specs
 
 
 __all__ = ["cuda_kernel_specs"]
@@ -92,4 +93,6 @@ def cuda_kernel_specs() -> tuple[KernelSpec, ...]:
         *triton_kernel_specs(BACKEND, priority=PRIORITY_TRITON, capability=TRITON_CAPABILITY),
         *liger_kernel_specs(BACKEND, priority=PRIORITY_LIGER, capability=TRITON_CAPABILITY),
         *native_kernel_specs(BACKEND, priority=PRIORITY_NATIVE),
+        # Opt-in (the linear kind): used only where configuration names them.
+        *float8_kernel_specs(BACKEND),
     )

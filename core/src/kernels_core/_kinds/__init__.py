@@ -107,4 +107,15 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         adapter=f"{_P}._experts:adapt_experts",
         options={},
     ),
+    LayerKind(
+        name="linear",
+        description="nn.Linear projections of decoder layers, opt-in (FP8 matrix products change the numbers)",
+        variants=("projection", "head"),
+        matcher=f"{_P}._dense:match_linear",
+        adapter=f"{_P}._dense:adapt_linear",
+        # Take the lm_head too (variant "head"); by default it keeps its own precision.
+        options={"lm_head": bool},
+        conformance=f"{_P}._dense:conformance_cases",
+        opt_in=True,
+    ),
 )

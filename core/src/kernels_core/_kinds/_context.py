@@ -25,6 +25,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -399,16 +400,21 @@ class MatchContext:
         seed: the seed of every generator :meth:`generator` returns, so that classification is reproducible.
         mode: the :class:`~kernels_core.Mode` kernelize resolves for (``ctx.mode``), for kinds whose kernel runs in
             one mode only; None when unknown (``kernels-core check``).
+        options: the configured ``[kinds.<name>] options`` per kind name (``ctx.options``), for matchers whose
+            choice of modules an option widens (the ``linear`` kind's ``lm_head``).
 
     Attributes:
         root: the model.
         config: ``root.config`` (a transformers configuration), or None.
         mode: as above.
+        options: as above.
     """
 
-    def __init__(self, root: nn.Module, *, seed: int = 1234, mode: Any = None) -> None:
+    def __init__(self, root: nn.Module, *, seed: int = 1234, mode: Any = None,
+                 options: Mapping[str, Mapping[str, object]] | None = None) -> None:
         self.root = root
         self.mode = mode
+        self.options: Mapping[str, Mapping[str, object]] = options or {}
         self.config = getattr(root, "config", None)
         self._seed = seed
         self._rotary_dims: set[int] | None = None

@@ -11,6 +11,8 @@ from typing import Any
 from .._config import ConfigError
 from .._hints import did_you_mean
 from .._types import Mode
+from ._fp8 import check_fp8
+from ._fp8 import merge_fp8
 
 
 __all__ = ["OPTIONS", "PLUGIN_NAME", "kernelize_for_llamafactory", "register", "run_cli"]
@@ -19,7 +21,7 @@ logger = logging.getLogger("kernels_core.integrations.llamafactory")
 
 PLUGIN_NAME = "kernels_core"
 # Keys a ``kernel_config`` naming this plugin may hold. ``name`` and ``include_kernels`` are LLaMA-Factory's own.
-OPTIONS = ("name", "include_kernels", "mode", "strict", "device", "config")
+OPTIONS = ("name", "include_kernels", "mode", "strict", "device", "config", "fp8")
 _MODE_WORDS = {"inference": Mode.INFERENCE, "training": Mode.TRAINING, "torch_compile": Mode.TORCH_COMPILE,
                "compile": Mode.TORCH_COMPILE}
 # LLaMA-Factory v1's trainers (SFT, DPO, reward) compute their losses from ``outputs.logits``, so the causal-LM
@@ -124,9 +126,11 @@ def kernelize_for_llamafactory(model: Any, *, include_kernels: object = None, **
     Called by LLaMA-Factory as ``KernelPlugin("kernels_core")(model=..., include_kernels=...)``. When a
     ``ModelEngine`` is loading the model, the other keys of its ``kernel_config`` are read from it: ``mode``
     (``training``, ``inference``, optionally ``+torch_compile``; default: training when the engine loads for
-    training, else inference), ``strict``, ``device`` and ``config`` (a kernels-core configuration mapping or
-    TOML path). ``include_kernels`` is ``auto`` (default), ``false``, or the layer kinds to use, separated by
-    commas. Keyword ``options`` given here override those keys.
+    training, else inference), ``strict``, ``device``, ``config`` (a kernels-core configuration mapping or
+    TOML path) and ``fp8`` (``rowwise`` or ``tensorwise``: the decoder layers' linear projections as FP8 matrix
+    products, with ``mode: training+torch_compile``; see ``KernelizeCallback``'s ``fp8``). ``include_kernels`` is
+    ``auto`` (default), ``false``, or the layer kinds to use, separated by commas. Keyword ``options`` given here
+    override those keys.
 
     Example:
         >>> import torch
@@ -169,7 +173,9 @@ def kernelize_for_llamafactory(model: Any, *, include_kernels: object = None, **
     device = settings.get("device")
     if device is not None and not isinstance(device, str):
         raise ConfigError(f"kernel_config.device: expected a device or backend name such as 'cuda:0', got {device!r}")
+    fp8 = check_fp8(settings.get("fp8"), "kernel_config.fp8")
     config = _merge(_LOSS_KEEPS_LOGITS, _config_mapping(settings.get("config")))
+    config = dict(merge_fp8(config, fp8, get_plugin_manager(), source=f"kernel_config.fp8={fp8!r}"))
     kinds = _parse_kinds(settings.get("include_kernels"), sorted(get_plugin_manager().layer_kinds()))
     if kinds == ():
         logger.info("kernel_config.include_kernels is false: %s left as it is", type(model).__name__)

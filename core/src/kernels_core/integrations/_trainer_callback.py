@@ -41,6 +41,8 @@ from .._report import KernelizeReport
 from .._resolve import KernelizeError
 from .._types import BackendInfo
 from .._types import Mode
+from ._fp8 import apply_fp8
+from ._fp8 import check_fp8
 
 
 __all__ = ["REPORT_FILE", "KernelizeCallback", "loss_owner"]
@@ -214,6 +216,11 @@ class KernelizeCallback(TrainerCallback):
         mode: the kernelize mode; by default from ``TrainingArguments.torch_compile`` as above.
         config: a dict, TOML path or ``KernelsConfig``, as for ``kernelize``; checked when the callback is made.
         strict: raise if a matched module gets no kernel.
+        fp8: ``"rowwise"`` or ``"tensorwise"``: run the decoder layers' linear projections as FP8 matrix products
+            with torchao's recipe of that name (kernels-cuda's ``cuda.linear.float8_<recipe>``; needs
+            ``kernels-cuda[fp8]``, a GPU of compute capability 8.9 or newer, bf16 weights and
+            ``TrainingArguments(torch_compile=True)``, else training does not start: ``KernelizeError``). Short for
+            ``[kinds.linear] prefer = { any = [...] }``; ``None`` (default) keeps them in bf16.
         plugin_manager: use this plugin manager instead of the process-wide one (tests, embedding frameworks).
 
     Raises:
@@ -223,7 +230,8 @@ class KernelizeCallback(TrainerCallback):
     """
 
     def __init__(self, *, mode: Mode | None = None, config: dict[str, Any] | str | os.PathLike[str] | KernelsConfig
-                 | None = None, strict: bool = False, plugin_manager: KernelsPluginManager | None = None) -> None:
+                 | None = None, strict: bool = False, fp8: str | None = None,
+                 plugin_manager: KernelsPluginManager | None = None) -> None:
         if mode is not None:
             if not isinstance(mode, Mode):
                 raise TypeError(f"KernelizeCallback option 'mode' must be a kernels_core.Mode (Mode.TRAINING, "
@@ -239,6 +247,7 @@ class KernelizeCallback(TrainerCallback):
             raise TypeError(f"KernelizeCallback option 'plugin_manager' must be a KernelsPluginManager or None, got "
                             f"{type(plugin_manager).__name__}")
         _check_config(config)
+        self.fp8 = check_fp8(fp8, "KernelizeCallback option 'fp8'")
         self.mode = mode
         self.config = config
         self.strict = strict
@@ -247,7 +256,8 @@ class KernelizeCallback(TrainerCallback):
         self.loss: str | None = None
 
     def __repr__(self) -> str:
-        return f"KernelizeCallback(mode={self.mode!r}, config={self.config!r}, strict={self.strict!r})"
+        fp8 = f", fp8={self.fp8!r}" if self.fp8 is not None else ""
+        return f"KernelizeCallback(mode={self.mode!r}, config={self.config!r}, strict={self.strict!r}{fp8})"
 
     def _mode(self, args: Any) -> Mode:
         if self.mode is not None:
@@ -264,8 +274,12 @@ class KernelizeCallback(TrainerCallback):
         if device is not None:
             logger.info("KernelizeCallback: the model is on the CPU %s and the Trainer trains on %s (it moves the "
                         "model there when it wraps it): kernels are chosen for %s", when, device, device)
+        config = self.config
+        if self.fp8 is not None:
+            config = apply_fp8(load_config(config), self.fp8, manager,  # type: ignore[arg-type]
+                               source=f"KernelizeCallback(fp8={self.fp8!r})")
         try:
-            kernelize(target, mode=mode, device=device, config=self.config, strict=self.strict,  # type: ignore[arg-type]
+            kernelize(target, mode=mode, device=device, config=config, strict=self.strict,  # type: ignore[arg-type]
                       plugin_manager=self.plugin_manager)
         except KernelizeError as exc:
             raise KernelizeError(f"KernelizeCallback: kernelize({type(target).__name__}, mode={mode}) failed {when}; "
