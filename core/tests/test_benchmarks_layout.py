@@ -3,8 +3,8 @@
 ``benchmarks/`` (shared helpers in ``benchmarks.common``) and ``tools/`` (``python -m tools.report``) import each
 other's modules as packages: no file edits ``sys.path`` to make a sibling importable, every module imports with
 torch and kernels-core alone (vendor packages are imported where a benchmark runs, not at import), and a benchmark
-that starts itself again in a child process finds the package from any working directory. Each check runs Python in
-a subprocess, as a user or CI would.
+that starts itself again in a child process finds the package from any working directory; their docstring examples
+run. Each check runs Python in a subprocess, as a user or CI would.
 """
 
 from __future__ import annotations
@@ -32,15 +32,14 @@ def _python_files() -> list[Path]:
                   if "__pycache__" not in path.parts)
 
 
-def _modules() -> list[str]:
-    """Every module of the two packages, by import name; ``__main__`` modules run when imported, so not those."""
-    names = []
+def _module_files() -> dict[str, Path]:
+    """Every module of the two packages by import name; ``__main__`` modules run when imported, so not those."""
+    modules = {}
     for path in _python_files():
         parts = path.relative_to(REPO).with_suffix("").parts
-        if parts[-1] == "__main__":
-            continue
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
+        if parts[-1] != "__main__":
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
 
 
 def _path_edits(source: str) -> list[int]:
@@ -88,13 +87,25 @@ def test_no_file_under_benchmarks_or_tools_edits_the_import_path():
 
 
 def test_every_benchmark_and_tool_module_imports():
-    modules = _modules()
+    modules = list(_module_files())
     assert {"benchmarks.common", "benchmarks.cuda.distributed_bench", "tools.report.generate"} <= set(modules)
     script = ("import importlib, sys\n"
               "for name in sys.argv[1:]:\n"
               "    importlib.import_module(name)\n")
     done = _run("-c", script, *modules)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_docstring_examples_run():
+    with_examples = [name for name, path in _module_files().items() if ">>> " in path.read_text(encoding="utf-8")]
+    assert {"benchmarks.common", "tools.report.data"} <= set(with_examples)
+    script = ("import doctest, importlib, sys\n"
+              "for name in sys.argv[1:]:\n"
+              "    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)\n"
+              "    if result.failed or not result.attempted:\n"
+              "        sys.exit(f'{name}: {result}')\n")
+    done = _run("-c", script, *with_examples)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
 @pytest.mark.parametrize("module", ["benchmarks.cuda.distributed_bench", "benchmarks.cuda.trainer_bench",
