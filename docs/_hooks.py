@@ -4,8 +4,9 @@
 - ``configuration.md``: ``core/docs/configuration.md``, followed by a table of every key of
   ``kernels_core/_config.py`` (read with ``ast``, nothing imported) and every environment variable (``ENV_*``
   constants of ``_config.py`` and ``_manager.py``); a key or variable without a description fails the build;
-- ``benchmarks.md`` and ``assets/*.svg`` are files written by ``python benchmarks/report.py --write``; the build
-  fails when they (or the README's results table) no longer match ``benchmarks/results/``.
+- ``benchmarks.md`` and ``assets/*.svg`` are files written by ``python -m tools.report --write``; the build runs
+  ``python -m tools.report --check`` and fails when they (or the README's results table) no longer match
+  ``benchmarks/results/``.
 
 Links from any page to repository files outside the site become the file's path in code (the site has no copy of
 it); links to a file the site includes point at its page.
@@ -14,10 +15,11 @@ it); links to a file the site includes point at its page.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import logging
 import posixpath
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from mkdocs.config.defaults import MkDocsConfig
@@ -104,11 +106,12 @@ def _key_tables() -> str:
     return "\n".join(parts)
 
 
-def _report_module():
-    spec = importlib.util.spec_from_file_location("_benchmarks_report", ROOT / "benchmarks" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _check_report() -> None:
+    """``python -m tools.report --check`` from the repository root: one warning (an error under ``--strict``) naming
+    every generated file that no longer matches ``benchmarks/results/``, or the check's own error."""
+    done = subprocess.run([sys.executable, "-m", "tools.report", "--check"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        log.warning("python -m tools.report --check (exit %d):\n%s", done.returncode, done.stderr.strip()[-3000:])
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
@@ -117,11 +120,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         if page == "configuration.md":
             text = text.rstrip() + "\n\n" + _key_tables()
         files.append(File.generated(config, page, content=text))
-    report = _report_module()
-    for path, text in report.generated(report.load_results()).items():
-        if not path.exists() or path.read_text() != text:
-            log.warning("%s does not match benchmarks/results/: run python benchmarks/report.py --write",
-                        path.relative_to(ROOT))
+    _check_report()
     return files
 
 

@@ -1,6 +1,6 @@
 """Cost of kernels-core itself: what discovery imports, and how long discovery and kernelize take.
 
-    python benchmarks/core/overhead.py [--layers 28] [--out benchmarks/results/core-overhead-cpu.json]
+    python -m benchmarks.core.overhead [--layers 28] [--out benchmarks/results/core-overhead-cpu.json]
 
 Each measurement runs in a fresh subprocess so that import caches and the process-wide plugin manager start
 cold. The model is a Qwen3-0.6B-shaped body (28 layers, hidden 1024) with a small vocabulary, built on the
@@ -16,6 +16,9 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.common import RESULTS
+from benchmarks.common import write_json
 
 
 HEAVY = ("torch", "transformers", "triton", "liger_kernel", "torch_npu")
@@ -66,7 +69,7 @@ def _run(code: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=28)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/core-overhead-cpu.json"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "core-overhead-cpu.json")
     args = parser.parse_args()
     import torch
     import transformers
@@ -79,8 +82,7 @@ def main() -> None:
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "layers": args.layers, "discovery": discovery, "kernelize": kernelize,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"import kernels_core          {discovery['import_s'] * 1e3:8.1f} ms")
     print(f"discovery + listing          {discovery['discovery_s'] * 1e3:8.1f} ms  "
           f"({len(discovery['plugins'])} plugins, {discovery['kernels']} kernels)")

@@ -1,5 +1,6 @@
-"""The scaling driver of ``distributed_bench.py``: the same job under ``torchrun`` at several GPU counts, one
-results file with every count, tokens/s per GPU, scaling efficiency against the smallest count, and a chart.
+"""The scaling driver of ``benchmarks.cuda.distributed_bench``: the same job under ``torchrun`` at several GPU
+counts, one results file with every count, tokens/s per GPU, scaling efficiency against the smallest count, and a
+chart.
 
 Example:
     >>> runs = {n: {"variants": {"eager": {"tokens_per_s": tokens}}} for n, tokens in ((1, 100.0), (2, 180.0))}
@@ -13,9 +14,13 @@ import argparse
 import json
 import pathlib
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.common import child_env
+from benchmarks.common import pyplot
+from benchmarks.common import python_m
+from benchmarks.common import write_json
 
 
 __all__ = ["chart", "child_args", "combine", "scale", "scaling", "scaling_targets", "write_scaling"]
@@ -66,16 +71,15 @@ def scaling_targets(table: dict[str, dict[str, Any]], baseline: Callable[[str], 
     return out
 
 
-def scale(args: argparse.Namespace, counts: list[int], *, script: str, baseline: Callable[[str], str | None]) -> int:
-    """Run ``script`` under torchrun at each GPU count; one file with every count, scaling and a chart."""
+def scale(args: argparse.Namespace, counts: list[int], *, module: str, baseline: Callable[[str], str | None]) -> int:
+    """Run ``module`` under torchrun at each GPU count; one file with every count, scaling and a chart."""
     runs: dict[int, dict[str, Any]] = {}
     failed = False
     for n in counts:
         part = args.out.with_name(f".{args.out.stem}-{n}.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), script,
-               *child_args(args, part)]
+        cmd = python_m(module, *child_args(args, part), torchrun=["--standalone", "--nproc_per_node", str(n)])
         print(f"== {n} processes: {' '.join(cmd)}", flush=True)
-        failed |= subprocess.run(cmd, check=False).returncode != 0
+        failed |= subprocess.run(cmd, check=False, env=child_env()).returncode != 0
         try:
             runs[n] = json.loads(part.read_text())
         except (OSError, ValueError) as exc:
@@ -94,8 +98,6 @@ def combine(parts: dict[int, pathlib.Path], out: pathlib.Path, *, baseline: Call
 
 def write_scaling(runs: dict[int, dict[str, Any]], out: pathlib.Path, *, model: str,
                   baseline: Callable[[str], str | None]) -> None:
-    from _common import write_json
-
     table = scaling(runs)
     checks = [{**c, "name": f"{n} GPUs: {c['name']}"} for n, run in runs.items() for c in run.get("targets", [])]
     checks += scaling_targets(table, baseline)
@@ -114,11 +116,9 @@ def write_scaling(runs: dict[int, dict[str, Any]], out: pathlib.Path, *, model: 
 
 def chart(runs: dict[int, dict[str, Any]], table: dict[str, dict[str, Any]], path: pathlib.Path,
            model: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, row in sorted(table.items()):
         counts = [int(n) for n in row["tokens_per_s_per_gpu"]]

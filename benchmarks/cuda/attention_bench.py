@@ -9,7 +9,7 @@ output gradient in the same layout), and through transformers' own ``sdpa_attent
 Outputs are checked against the math backend in float32 first, so a fast but wrong backend shows as an error
 rather than a win.
 
-    python benchmarks/cuda/attention_bench.py --out benchmarks/results/attention-h200.json
+    python -m benchmarks.cuda.attention_bench --out benchmarks/results/attention-h200.json
 """
 
 from __future__ import annotations
@@ -17,18 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import pathlib
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel
 
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import bench  # noqa: E402
-from _common import environment  # noqa: E402
-from _common import write_json  # noqa: E402
+from benchmarks.common import bench
+from benchmarks.common import environment
+from benchmarks.common import write_json
 
 
 SHAPES = {  # (batch, query heads, key/value heads, sequence, head dim)

@@ -15,7 +15,7 @@ Per added layer: (32-layer value - 8-layer value) / 24. Then one call of the 32-
 (CUDA activity only, so the host pays little for it): per phase, the kernels' summed GPU time and the idle time
 between consecutive kernels, per layer. Idle GPU time inside a phase is time the host took longer than the GPU.
 
-    python benchmarks/cuda/chain_timing_bench.py --shapes 8192x1024,16384x1024 --out /tmp/chain-timing.json
+    python -m benchmarks.cuda.chain_timing_bench --shapes 8192x1024,16384x1024 --out /tmp/chain-timing.json
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ import time
 
 import kernels_core
 import torch
-from _common import bench
-from _common import environment
-from _common import kernelized_norms
-from _common import per_call_us
-from _common import write_json
+
+from benchmarks.common import bench
+from benchmarks.common import environment
+from benchmarks.common import kernelized_norms
+from benchmarks.common import parse_shapes
+from benchmarks.common import per_call_us
+from benchmarks.common import write_json
 
 
 LENGTHS = (8, 32)
@@ -91,8 +93,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=60)
     args = parser.parse_args()
     rows = []
-    for shape in args.shapes.split(","):
-        n, h = (int(d) for d in shape.split("x"))
+    for n, h in parse_shapes(args.shapes):
         x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn_like(x)
         timings: dict[str, dict[int, float]] = {}

@@ -9,8 +9,8 @@ then times ``--steps`` steps.
 A side is ``NAME`` or ``NAME:VAR=VALUE[,VAR=VALUE...]``; ``PYTHONPATH`` values are put in front of the current
 one, so a side can run another source tree (for example a copy of a package before a change):
 
-    python benchmarks/cuda/configs_ab.py --sides on:KERNELS_X=1 off:KERNELS_X=0 --out benchmarks/results/x.json
-    python benchmarks/cuda/configs_ab.py --shapes qwen3-0.6b --rounds 5 \\
+    python -m benchmarks.cuda.configs_ab --sides on:KERNELS_X=1 off:KERNELS_X=0 --out benchmarks/results/x.json
+    python -m benchmarks.cuda.configs_ab --shapes qwen3-0.6b --rounds 5 \\
         --sides before:PYTHONPATH=.abtree/triton:.abtree/cuda after --out benchmarks/results/y.json
 
 With ``--name``, the output file holds one named run per A/B (``runs``) and the run of that name is replaced or
@@ -24,14 +24,21 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Callable
 
+from benchmarks.common import FAMILIES
+from benchmarks.common import causal_lm
+from benchmarks.common import environment
+from benchmarks.common import parse_side
+from benchmarks.common import python_m
+from benchmarks.common import require_cuda_kernels
+from benchmarks.common import run_child
+from benchmarks.common import train_steps
+from benchmarks.common import write_json
 
-HERE = pathlib.Path(__file__).resolve().parent
+
 BATCH, SEQ = 4, 2048
 
 # Published configs (Hugging Face model cards' config.json), sizes only: rope scaling and generation settings do
@@ -71,15 +78,12 @@ SHAPES: dict[str, dict] = {
 
 
 def build(shape: str):
-    import torch
-    import transformers
-
+    """The model of :data:`SHAPES` ``shape`` (random weights, bf16, on the GPU) and its vocabulary size."""
     spec = SHAPES[shape]
-    config = getattr(transformers, spec["config"])(**spec["kwargs"], num_hidden_layers=spec["layers"],
-                                                   max_position_embeddings=4096, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        return getattr(transformers, spec["model"])(config).to(torch.bfloat16), config.vocab_size
+    (family,) = (name for name, classes in FAMILIES.items() if classes == (spec["config"], spec["model"]))
+    model = causal_lm(family, device="cuda", **spec["kwargs"], num_hidden_layers=spec["layers"],
+                      max_position_embeddings=4096)
+    return model, model.config.vocab_size
 
 
 def _wait_for_background_builds() -> str:
@@ -114,10 +118,8 @@ def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -
         mode |= kernels_core.Mode.TORCH_COMPILE
     kernels_core.kernelize(model, mode=mode)
     report = kernels_core.get_report(model)
-    if not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
-        raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
+    require_cuda_kernels(report)
     extension = _wait_for_background_builds()
-    from _common import train_steps
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=gen)
@@ -132,23 +134,6 @@ def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -
         "cpp_extension": extension,
         "binding": report.summary(),
     }
-
-
-def parse_side(text: str) -> tuple[str, dict[str, str]]:
-    """``NAME[:VAR=VALUE,...]`` -> (name, environment changes).
-
-    Example:
-        >>> parse_side("off:KERNELS_X=0,Y=1")
-        ('off', {'KERNELS_X': '0', 'Y': '1'})
-    """
-    name, _, assignments = text.partition(":")
-    env = {}
-    for item in filter(None, assignments.split(",")):
-        var, sep, value = item.partition("=")
-        if not sep or not var:
-            raise SystemExit(f"side {text!r}: expected NAME or NAME:VAR=VALUE[,VAR=VALUE...], got {item!r}")
-        env[var] = value
-    return name, env
 
 
 def side_environment(changes: dict[str, str]) -> dict[str, str]:
@@ -230,10 +215,6 @@ def main() -> None:
     sides = [parse_side(text) for text in args.sides]
     if len(sides) < 2 or args.out is None:
         raise SystemExit("--out and two or more --sides are required")
-    sys.path.insert(0, str(HERE))
-    from _common import environment
-    from _common import write_json
-
     rows: list[dict] = []
     began = time.perf_counter()
     how = "kernelize(Mode.TRAINING)"
@@ -252,19 +233,13 @@ def main() -> None:
                   flush=True)
             break
         tmp = args.out.with_name(f".{shape}.{name}.json")
-        cmd = [sys.executable, __file__, "--child", shape, str(tmp), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), *(["--compile"] if args.compile else [])]
+        cmd = python_m("benchmarks.cuda.configs_ab", "--child", shape, str(tmp), "--steps", str(args.steps),
+                       "--warmup", str(args.warmup), *(["--compile"] if args.compile else []))
         row = {"round": round_index, "shape": shape, "side": name}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                  env=side_environment(changes))
-            if tmp.exists():
-                row.update(json.loads(tmp.read_text()))
-            if proc.returncode != 0:
-                row["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
-        except subprocess.TimeoutExpired:
-            row["process_error"] = f"timed out after {args.timeout}s"
-        tmp.unlink(missing_ok=True)
+        result, error = run_child(cmd, tmp, timeout=args.timeout, env=side_environment(changes))
+        row.update(result or {})
+        if error:
+            row["process_error"] = error
         rows.append(row)
         shown = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
                  if k not in ("losses", "traceback", "binding", "kernels_triton")}

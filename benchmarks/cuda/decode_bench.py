@@ -4,14 +4,14 @@ batch 1 and 8, dynamic and static cache. Each (model, variant) runs in a fresh p
 alternating order; a cell's figure is the median over its rounds (one process's decode speed varies by up to
 10% from the next one's, more than most differences between variants).
 
-    python benchmarks/cuda/decode_bench.py --models llama-3.1-8b-4l --out benchmarks/results/decode-h100.json
-    python benchmarks/cuda/decode_bench.py --models qwen3-0.6b --add --out benchmarks/results/decode-h100.json
+    python -m benchmarks.cuda.decode_bench --models llama-3.1-8b-4l --out benchmarks/results/decode-h100.json
+    python -m benchmarks.cuda.decode_bench --models qwen3-0.6b --add --out benchmarks/results/decode-h100.json
 
 ``--alternate`` measures compile against kernelize + compile (static cache) in one process per model instead,
 alternating ``--rounds`` times, kernelizing and unkernelizing the same model in place with Dynamo reset before each
 switch: both sides then share the process's host conditions.
 
-    python benchmarks/cuda/decode_bench.py --alternate --rounds 4 --out benchmarks/results/decode-compile-ab-h100.json
+    python -m benchmarks.cuda.decode_bench --alternate --rounds 4 --out benchmarks/results/decode-compile-ab-h100.json
 
 ``--add`` keeps the rows already in ``--out`` for cells (model, variant, cache, batch) this run does not measure,
 when they were measured at the same commit on the same device, so one file can be filled by several shorter runs.
@@ -35,13 +35,17 @@ import traceback
 
 import torch
 
+from benchmarks.common import QWEN3_0_6B
+from benchmarks.common import causal_lm
+from benchmarks.common import environment
+from benchmarks.common import pyplot
+from benchmarks.common import python_m
+from benchmarks.common import run_child
+from benchmarks.common import write_json
+
 
 MODELS = {
-    "qwen3-0.6b": dict(
-        family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
-        max_position_embeddings=40960,
-    ),
+    "qwen3-0.6b": dict(family="qwen3", **{**QWEN3_0_6B, "max_position_embeddings": 40960}),
     "llama-3.1-8b-4l": dict(
         family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
@@ -56,19 +60,12 @@ VARIANTS = ["eager", "kernelize", "compile", "kernelize_compile"]
 def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, layers: int | None = None,
           **overrides):
     """A randomly initialised model of one of :data:`MODELS` (``overrides``: smaller sizes for tests)."""
-    import transformers
-
     spec = dict(MODELS[name])
     family = spec.pop("family")
     spec.update(overrides)
     if layers is not None:
         spec["num_hidden_layers"] = layers
-    config_cls, model_cls = {"qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-                             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[family]
-    torch.manual_seed(0)
-    config = config_cls(**spec, attn_implementation="sdpa")
-    with torch.device(device):
-        return model_cls(config).to(dtype).eval()
+    return causal_lm(family, device=device, dtype=dtype, **spec).eval()
 
 
 def prepare(model, variant: str) -> str:
@@ -260,10 +257,6 @@ def main() -> None:
                            prompt=args.prompt, repeats=args.repeats, profile=args.profile)
         args.out.write_text(json.dumps(rows))
         return
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from _common import environment
-    from _common import run_child
-
     models, variants = args.models.split(","), args.variants.split(",")
     if args.alternate:
         _alternate(args, models)
@@ -299,17 +292,13 @@ def main() -> None:
 
 def _child_cmd(args: argparse.Namespace, model_name: str, variant: str, out: pathlib.Path) -> list[str]:
     """This script in a fresh process for one model and variant (``alternate``: both compiled ones), writing out."""
-    return [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(out),
-            "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
-            "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats", str(args.repeats),
-            "--rounds", str(args.rounds)]
+    return python_m("benchmarks.cuda.decode_bench", "--child", f"{model_name}:{variant}", "--out", str(out),
+                    "--batches", args.batches, "--caches", args.caches, "--compile-caches", args.compile_caches,
+                    "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--repeats",
+                    str(args.repeats), "--rounds", str(args.rounds))
 
 
 def _alternate(args: argparse.Namespace, models: list[str]) -> None:
-    from _common import environment
-    from _common import run_child
-    from _common import write_json
-
     rows, errors = [], {}
     for model_name in models:
         tmp = args.out.with_name(f".{model_name}-alternate.json")
@@ -336,9 +325,6 @@ def _alternate(args: argparse.Namespace, models: list[str]) -> None:
 
 
 def _write(args: argparse.Namespace, by_cell: dict[tuple, list[dict]], kept: list[dict], *, done: int) -> None:
-    from _common import environment
-    from _common import write_json
-
     rows = kept + [_median_row(cell) for cell in by_cell.values()]
     _ratios(rows)
     write_json(args.out, {
@@ -392,12 +378,9 @@ def _ratios(rows: list[dict]) -> None:
 
 
 def _chart(rows: list[dict], path: pathlib.Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     cells = sorted({(r["model"], r.get("cache"), r.get("batch")) for r in rows if r.get("ms_per_token")})
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]

@@ -2,12 +2,12 @@
 torch.compile per decoder layer with and without kernelize. Every variant runs in the same torchrun job, one after
 the other, from the same seeds and data; ``--nprocs`` repeats the job at several GPU counts and reports scaling.
 
-    torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --out /tmp/out/cuda-distributed.json
-    python benchmarks/cuda/distributed_bench.py --nprocs 1,2 --variants eager,kernelize_before \
+    torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --out /tmp/out/cuda-distributed.json
+    python -m benchmarks.cuda.distributed_bench --nprocs 1,2 --variants eager,kernelize_before \
         --out benchmarks/results/distributed-2xh200.json                      # scaling at 1 and 2 GPUs
-    torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --model qwen3-30b-a3b-4l --batch 2 \
+    torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --model qwen3-30b-a3b-4l --batch 2 \
         --seq 4096 --variants eager,kernelize_before,compile,kernelize_compile --out /tmp/moe.json
-    torchrun --nproc_per_node 2 benchmarks/cuda/distributed_bench.py --out /tmp/x.json --device cpu --tiny  # smoke
+    torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --out /tmp/x.json --device cpu --tiny  # smoke
 
 Models: ``qwen3-0.6b`` (default) or any shape of ``models_bench.py`` (``qwen3-30b-a3b-4l``, ``mixtral-8x7b-2l``,
 ``gemma-3-4b-6l``, ``llama-3.1-8b-4l``), bf16 parameters, sdpa. Variants: ``eager`` (FSDP2: ``fully_shard`` on
@@ -50,8 +50,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.common import QWEN3_0_6B
+from benchmarks.common import distributed_workers
+from benchmarks.common import environment
+from benchmarks.common import host_profile_step
+from benchmarks.common import profile_step
+from benchmarks.common import require_cuda_kernels
+from benchmarks.common import settle_cpp_extension
+from benchmarks.common import write_json
+from benchmarks.cuda import models_bench
+from benchmarks.cuda import qwen3_bench
+from benchmarks.cuda._scaling import combine
+from benchmarks.cuda._scaling import scale
 
-HERE = pathlib.Path(__file__).resolve().parent
+
 GIB = 2**30
 
 # name -> (wrapper, when kernelize runs relative to wrapping; None = not kernelized)
@@ -89,13 +101,7 @@ TARGET_BEFORE_AFTER = 0.03
 
 def setup(device_type: str) -> torch.device:
     """The process group, with the NVLink-multicast switches of the lent hosts; the GPU tests' own setup."""
-    return _workers().init_distributed(device_type)
-
-
-def _workers():  # noqa: ANN202 - a module
-    from _common import distributed_workers
-
-    return distributed_workers()
+    return distributed_workers().init_distributed(device_type)
 
 
 def _normalise(module_name: str) -> str:
@@ -125,7 +131,7 @@ def summarise_report(report: Any) -> dict[str, Any]:
 
 def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True,
          layers_per_unit: int = 1) -> torch.nn.Module:
-    return _workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward,
+    return distributed_workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward,
                            layers_per_unit=layers_per_unit)
 
 
@@ -153,11 +159,7 @@ def build_model(name: str, *, tiny: bool, device: torch.device, layers: int | No
     decoder depth (``llama-3.1-8b-4l`` with 32 is the Llama-3.1-8B shape at full depth)."""
     depth = {} if layers is None else {"num_hidden_layers": layers}
     if name == DEFAULT_MODEL:
-        from qwen3_bench import build
-
-        return build(seed=0, device=str(device), **{**(TINY if tiny else {}), **depth})
-    import models_bench
-
+        return qwen3_bench.build(seed=0, device=str(device), **{**(TINY if tiny else {}), **depth})
     overrides = {**TINY, **TINY_EXTRA[models_bench.MODELS[name]["family"]]} if tiny else {}
     return models_bench.build(name, device=str(device), **{**overrides, **depth})
 
@@ -166,11 +168,7 @@ def vocab_size(name: str, *, tiny: bool) -> int:
     if tiny:
         return TINY["vocab_size"]
     if name == DEFAULT_MODEL:
-        from qwen3_bench import QWEN3_0_6B
-
         return QWEN3_0_6B["vocab_size"]
-    import models_bench
-
     return models_bench.MODELS[name]["vocab_size"]
 
 
@@ -210,9 +208,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         result["report"] = summarise_report(report)
         if dist.get_rank() == 0 and args.print_report:
             print(f"--- {name}\n{report.table()}", flush=True)
-        if device.type == "cuda" and not any(e.kernel and e.kernel.startswith("cuda.") for e in report.entries):
-            # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
-            raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
+        if device.type == "cuda":
+            require_cuda_kernels(report)
 
     fused = args.optimizer == "fused" and device.type == "cuda"
     opt = torch.optim.AdamW(runner.parameters(), lr=1e-5, fused=fused, foreach=None if fused else True)
@@ -258,8 +255,6 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         losses=[round(v, 6) for v in mean_losses.tolist()],
     )
     if args.profile and device.type == "cuda":
-        from _common import profile_step
-
         _sync(device)
         start = time.perf_counter()
         kernels = profile_step(lambda: step(batches[0]))
@@ -267,8 +262,6 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         if dist.get_rank() == 0:
             result["profile_one_step"] = {"wall_ms": round(1e3 * (time.perf_counter() - start), 2), "kernels": kernels}
     if args.host_profile:
-        from _common import host_profile_step
-
         _sync(device)
         profiled = host_profile_step(lambda: step(batches[0]), device)
         if dist.get_rank() == 0:
@@ -361,8 +354,6 @@ def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
 
 
 def environment_record(device: torch.device) -> dict[str, Any]:
-    from _common import environment
-
     env: dict[str, Any] = environment() if device.type == "cuda" else {"device": "cpu", "torch": torch.__version__}
     env.update(
         world_size=dist.get_world_size(),
@@ -444,29 +435,19 @@ def main() -> None:
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
-    sys.path.insert(0, str(HERE))
-    import models_bench
-
     if args.model != DEFAULT_MODEL and args.model not in models_bench.MODELS:
         parser.error(f"unknown model {args.model!r}; choose from {[DEFAULT_MODEL, *models_bench.MODELS]}")
     kernelized = {name: baseline(name) for name, (_, order) in VARIANTS.items() if order is not None}
     if args.combine:
-        from _scaling import combine
-
         parts = dict(item.split("=", 1) for item in args.combine.split(","))
         combine({int(n): pathlib.Path(path) for n, path in parts.items()}, args.out, baseline=kernelized.get)
         return
     if args.nprocs:
-        from _scaling import scale
-
-        sys.exit(scale(args, [int(n) for n in args.nprocs.split(",")], script=__file__, baseline=kernelized.get))
-    from _common import write_json
-
+        sys.exit(scale(args, [int(n) for n in args.nprocs.split(",")], module="benchmarks.cuda.distributed_bench",
+                       baseline=kernelized.get))
     device = setup(args.device)
     rank = dist.get_rank()
     if device.type == "cuda":
-        from _common import settle_cpp_extension
-
         # The norms' C++ autograd nodes build in the background on a new machine (about a minute): variants timed
         # before they are ready would run the Python nodes, and an order of variants would look like a speed-up.
         extension = settle_cpp_extension()

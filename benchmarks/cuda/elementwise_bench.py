@@ -1,7 +1,7 @@
 """RoPE and gated-activation microbenchmark at Qwen3-0.6B shapes: eager ATen math vs Liger vs kernels-triton's
 Triton kernels, forward (no grad) and forward+backward, bf16, side by side in one run.
 
-    python benchmarks/cuda/elementwise_bench.py --out /tmp/elementwise.json
+    python -m benchmarks.cuda.elementwise_bench --out /tmp/elementwise.json
 
 Shapes: training batch 4 x 2048 tokens and prefill 1 x 2048 (q: 16 heads, k: 8 heads, head_dim 128, taken as the
 [B, S, H, D] projection viewed as [B, H, S, D]; MLP intermediate 3072). Medians of ``triton.testing.do_bench``.
@@ -13,10 +13,10 @@ import argparse
 import pathlib
 
 import torch
-from _common import bench
-from _common import environment
-from _common import write_json
-from kernels_triton import ops
+
+from benchmarks.common import bench
+from benchmarks.common import environment
+from benchmarks.common import write_json
 
 
 def _fwd_bwd(fn, inputs):
@@ -34,6 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
+    from kernels_triton import ops
+
     dtype = torch.bfloat16
     rope = {"eager": ops.native_rotary_embedding, "liger": ops.liger_rotary_embedding,
             "triton": ops.rotary_embedding}

@@ -16,8 +16,8 @@ clipping. Summary per FP8 variant: final loss (mean of the last 20 steps) agains
 the first non-finite step if any, the median ratio of gradient norms. JSON and a PNG chart (matplotlib, if
 installed) go to ``--out``.
 
-    python benchmarks/cuda/fp8_accuracy.py --out benchmarks/results/fp8-accuracy-h100      # ~10 min on an H100
-    python benchmarks/cuda/fp8_accuracy.py --tiny --out /tmp/fp8-smoke                    # CPU smoke test, ~1 min
+    python -m benchmarks.cuda.fp8_accuracy --out benchmarks/results/fp8-accuracy-h100      # ~10 min on an H100
+    python -m benchmarks.cuda.fp8_accuracy --tiny --out /tmp/fp8-smoke                    # CPU smoke test, ~1 min
 
 A run with ``--variants`` naming some of them keeps the other rows of an earlier run in the same ``--out`` with the
 same settings, so the variants can run as separate commands (``--variants bf16``, then ``--variants fp8_rowwise``...).
@@ -263,8 +263,8 @@ def main() -> None:
             row["traceback"] = traceback.format_exc()[-4000:]
         (args.out / f".{args.child}.json").write_text(json.dumps(row))
         return
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from _common import run_child
+    from benchmarks.common import python_m
+    from benchmarks.common import run_child
 
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
@@ -284,7 +284,7 @@ def main() -> None:
             rows[variant] = {"variant": variant, "skipped": skip}
             print(f"{variant}: skipped: {skip}", flush=True)
             continue
-        cmd = [sys.executable, __file__, "--child", variant, *sys.argv[1:]]
+        cmd = python_m("benchmarks.cuda.fp8_accuracy", "--child", variant, *sys.argv[1:])
         result, error = run_child(cmd, args.out / f".{variant}.json", timeout=args.timeout)
         rows[variant] = result or {"variant": variant}
         if error:
@@ -295,7 +295,7 @@ def main() -> None:
     summary = summarise(rows, floor)
     environment = {"device": str(device), "torch": torch.__version__}
     if device.type == "cuda":
-        from _common import environment as cuda_environment
+        from benchmarks.common import environment as cuda_environment
 
         environment = cuda_environment()
         try:

@@ -21,7 +21,7 @@ mean microseconds per call, side by side in one run:
   the floor any autograd node pays on this host), ``F.rms_norm``, the Triton entry point, the extension's call
   alone and the kernelized training module (C++ and Python autograd nodes).
 
-    python benchmarks/cuda/host_overhead_bench.py --out benchmarks/results/host-overhead-h100.json
+    python -m benchmarks.cuda.host_overhead_bench --out benchmarks/results/host-overhead-h100.json
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import environment
-from _common import kernelized_norms
-from _common import per_call_us
-from _common import python_autograd_norms
-from _common import triton_norms
-from _common import write_json
+
+from benchmarks.common import environment
+from benchmarks.common import kernelized_norms
+from benchmarks.common import per_call_us
+from benchmarks.common import python_autograd_norms
+from benchmarks.common import triton_norms
+from benchmarks.common import write_json
 
 
 class _Identity(torch.autograd.Function):

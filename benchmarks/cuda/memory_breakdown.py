@@ -11,7 +11,7 @@ saved-tensor hooks, that grouping reads the compiled graph's backward node inste
 Finally it replays the caching allocator's trace of each phase and lists what, allocated in that phase, was live
 at the phase's peak, grouped by the Python frames that allocated it.
 
-    python benchmarks/cuda/memory_breakdown.py --out /tmp/memory.json
+    python -m benchmarks.cuda.memory_breakdown --out /tmp/memory.json
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ import argparse
 import collections
 import json
 import pathlib
-import subprocess
-import sys
 
 import torch
 
+from benchmarks.common import environment
+from benchmarks.common import python_m
+from benchmarks.common import run_child
+from benchmarks.common import write_json
+from benchmarks.cuda.qwen3_bench import build
+from benchmarks.cuda.qwen3_bench import prepare
 
-HERE = pathlib.Path(__file__).resolve().parent
+
 GIB = 2**30
 
 
@@ -61,10 +65,6 @@ def _live_at_peak(snapshot: dict, *, top: int = 12) -> dict:
 
 
 def _measure(variant: str) -> dict:
-    sys.path.insert(0, str(HERE))
-    from qwen3_bench import build
-    from qwen3_bench import prepare
-
     model = build()
     model.train()
     runner, how = prepare(model, variant, training=True)
@@ -167,17 +167,12 @@ def main() -> None:
     rows = []
     for variant in args.variants.split(","):
         tmp = args.out.with_name(f".mem-{variant}.json")
-        proc = subprocess.run([sys.executable, __file__, "--out", str(tmp), "--child", variant],
-                              capture_output=True, text=True, timeout=300)
-        row = json.loads(tmp.read_text()) if proc.returncode == 0 else {"variant": variant,
-                                                                         "error": proc.stderr[-2000:]}
-        tmp.unlink(missing_ok=True)
+        row, error = run_child(python_m("benchmarks.cuda.memory_breakdown", "--out", str(tmp), "--child", variant),
+                               tmp, timeout=300)
+        if error or row is None:
+            row = {"variant": variant, "error": error or "the process wrote no result"}
         rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
-    sys.path.insert(0, str(HERE))
-    from _common import environment
-    from _common import write_json
-
     write_json(args.out, {"environment": environment(), "rows": rows})
 
 

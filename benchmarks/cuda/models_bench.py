@@ -4,9 +4,9 @@ top-8) and Mixtral-8x7B (8 experts, top-2), and the dense Gemma-3-4B (sliding-wi
 fresh process; tokens/s over the timed steps, peak memory, and the first step's seconds (kernel compilation,
 autotuning and torch.compile all land there).
 
-    python benchmarks/cuda/models_bench.py --models qwen3-30b-a3b-4l,mixtral-8x7b-2l \
+    python -m benchmarks.cuda.models_bench --models qwen3-30b-a3b-4l,mixtral-8x7b-2l \
         --out benchmarks/results/moe-h100.json
-    python benchmarks/cuda/models_bench.py --models gemma-3-4b-6l \
+    python -m benchmarks.cuda.models_bench --models gemma-3-4b-6l \
         --variants eager,liger,kernelize,compile,kernelize_compile --out benchmarks/results/gemma-h100.json
 
 Variants: ``eager`` (transformers' default experts implementation, named in each row), ``hf_eager`` and
@@ -35,12 +35,23 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 import traceback
 
 import torch
+
+from benchmarks.common import causal_lm
+from benchmarks.common import environment
+from benchmarks.common import parse_side
+from benchmarks.common import profile_step
+from benchmarks.common import pyplot
+from benchmarks.common import python_m
+from benchmarks.common import run_child
+from benchmarks.common import set_loss_chunk_rows
+from benchmarks.common import settle_cpp_extension
+from benchmarks.common import train_steps
+from benchmarks.common import write_json
 
 
 MODELS = {
@@ -78,31 +89,15 @@ VARIANTS = ["eager", "hf_eager", "hf_grouped_mm", "liger", "kernelize", "compile
 def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, experts: str | None = None,
           **overrides):
     """A randomly initialised model of one of :data:`MODELS`; ``experts`` sets ``experts_implementation``."""
-    import transformers
-
     spec = {**MODELS[name], **overrides}
     family = spec.pop("family")
-    config_cls, model_cls = {
-        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
-        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
-        "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    }[family]
-    config = config_cls(**spec, attn_implementation="sdpa")
-    if experts is not None:
-        config._experts_implementation = experts
-    torch.manual_seed(0)
-    with torch.device(device):
-        return model_cls(config).to(dtype)
+    return causal_lm(family, device=device, dtype=dtype, experts=experts, **spec)
 
 
 def prepare(model, variant: str, modifiers: list[str]) -> tuple[object, str]:
     for modifier in modifiers:
         if not modifier.startswith("chunk"):
             raise ValueError(f"unknown variant modifier {modifier!r}; expected chunk<N>")
-        from _common import set_loss_chunk_rows
-
         set_loss_chunk_rows(modifier)
     moe = any(hasattr(model.config, key) for key in ("num_experts", "num_local_experts"))
     how = f"experts_implementation={model.config._experts_implementation}" if moe else ""
@@ -135,8 +130,6 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
     start = time.perf_counter()
     runner, how = prepare(model, base, modifiers)
     kernelize_s = time.perf_counter() - start
-    from _common import train_steps
-
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, model.config.vocab_size, tokens, device="cuda", generator=gen)
     # The first step on its own, then `warmup` more before the timed ones.
@@ -157,8 +150,6 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
 
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     if profile:
-        from _common import profile_step
-
         result["profile_one_step"] = profile_step(step)
     return result
 
@@ -185,27 +176,19 @@ def main() -> None:
             row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens,
                              profile=args.profile))
             if args.settle:
-                from kernels_triton import ops
-
-                ops.cpp_autograd_extension(wait=True)
+                settle_cpp_extension()
         except Exception as exc:  # noqa: BLE001 - a failing variant is a result to report
             row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
             row["traceback"] = traceback.format_exc()[-3000:]
         args.out.write_text(json.dumps(row))
         return
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from _common import environment
-    from _common import run_child
-    from _common import write_json
-    from configs_ab import parse_side
-
     models = args.models.split(",")
 
     def child(model_name: str, variant: str, *extra: str, steps: int = args.steps,
               env: dict[str, str] | None = None) -> dict:
         tmp = args.out.with_name(f".{model_name}-{variant}.json")
-        cmd = [sys.executable, __file__, "--child", f"{model_name}:{variant}", "--out", str(tmp),
-               "--steps", str(steps), "--warmup", str(args.warmup), "--tokens", args.tokens, *extra]
+        cmd = python_m("benchmarks.cuda.models_bench", "--child", f"{model_name}:{variant}", "--out", str(tmp),
+                       "--steps", str(steps), "--warmup", str(args.warmup), "--tokens", args.tokens, *extra)
         start = time.perf_counter()
         result, error = run_child(cmd, tmp, timeout=args.timeout, env=env)
         row = result or {"model": model_name, "variant": variant}
@@ -283,12 +266,9 @@ def _ratios(rows: list[dict]) -> None:
 
 
 def _chart(rows: list[dict], path: pathlib.Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(len(models), 3, figsize=(15, 4 * len(models)), squeeze=False)

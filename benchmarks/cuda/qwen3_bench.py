@@ -1,7 +1,7 @@
 """Qwen3-0.6B-shape training and prefill benchmark: eager, Liger's own patching, torch.compile, kernelize,
 kernelize + torch.compile, each variant in a fresh process (Liger's patching is process-global).
 
-    python benchmarks/cuda/qwen3_bench.py --out benchmarks/results/qwen3-h100.json
+    python -m benchmarks.cuda.qwen3_bench --out benchmarks/results/qwen3-h100.json
 
 For tuning, a kernelize variant takes modifiers after ``+``: ``+native`` prefers the PyTorch-native kernels for
 RMSNorm, RoPE and the gated MLP (``+native_norm``: for RMSNorm only; ``+native_residual``: for the fused residual
@@ -18,11 +18,22 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import traceback
 
 import torch
+
+from benchmarks.common import QWEN3_0_6B
+from benchmarks.common import causal_lm
+from benchmarks.common import environment
+from benchmarks.common import profile_step
+from benchmarks.common import pyplot
+from benchmarks.common import python_m
+from benchmarks.common import require_cuda_kernels
+from benchmarks.common import run_child
+from benchmarks.common import set_loss_chunk_rows
+from benchmarks.common import settle_cpp_extension
+from benchmarks.common import train_steps
+from benchmarks.common import write_json
 
 
 VARIANTS = [
@@ -35,33 +46,9 @@ VARIANTS = [
 ]
 
 
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-)
-
-
-def qwen3_config(**overrides):
-    """The Qwen3-0.6B-shape config every Qwen3 benchmark here builds from (``overrides`` for smoke-test sizes)."""
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**{**QWEN3_0_6B, **overrides}, attn_implementation="sdpa")
-
-
 def build(seed: int = 0, device: str = "cuda", **overrides):
-    from transformers import Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(qwen3_config(**overrides)).to(torch.bfloat16)
-    return model
+    """The Qwen3-0.6B shape (:data:`benchmarks.common.QWEN3_0_6B`; ``overrides`` for smoke-test sizes), bf16."""
+    return causal_lm("qwen3", device=device, seed=seed, **{**QWEN3_0_6B, **overrides})
 
 
 _NATIVE_KINDS = {"native": ("rms_norm", "rotary_embedding", "silu_gated_mlp"), "native_norm": ("rms_norm",),
@@ -83,8 +70,6 @@ def _kernelize_config(modifiers: list[str]) -> dict:
         elif modifier == "no_residual":
             kinds["residual_rms_norm"] = {"enabled": False}
         elif modifier.startswith("chunk"):
-            from _common import set_loss_chunk_rows
-
             set_loss_chunk_rows(modifier)
         else:
             raise ValueError(f"unknown variant modifier {modifier!r}; expected native, native_norm, "
@@ -106,15 +91,10 @@ def prepare(model, variant: str, *, training: bool) -> tuple[object, str]:
         if variant.endswith("compile"):
             mode |= kernels_core.Mode.TORCH_COMPILE
         kernels_core.kernelize(model, mode=mode, config=_kernelize_config(modifiers))
-        from kernels_triton import ops
-
         # The norms' C++ autograd extension builds in the background on first use: time the steady state.
-        ops.cpp_autograd_extension(wait=True)
-        how = f"C++ autograd extension: {ops.cpp_autograd_status()}. "
+        how = f"C++ autograd extension: {settle_cpp_extension()}. "
         report = kernels_core.get_report(model)
-        if not any((e.kernel or e.left_to_compiler or "").startswith("cuda.") for e in report.entries):
-            # Without installed entry points only the core's plugins load: refuse to time a silent no-op.
-            raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
+        require_cuda_kernels(report)
         how += report.summary()
     if variant.endswith("compile"):
         return torch.compile(model), how
@@ -125,8 +105,6 @@ def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> di
     model = build()
     model.train()
     runner, how = prepare(model, variant, training=True)
-    from _common import train_steps
-
     gen = torch.Generator(device="cuda").manual_seed(1)
     batch = torch.randint(0, 151936, (4, 2048), device="cuda", generator=gen)
     timed, step = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup)
@@ -145,8 +123,6 @@ def train(variant: str, steps: int, warmup: int, *, profile: bool = False) -> di
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
         result["dynamo_unique_graphs"] = counters["stats"]["unique_graphs"]
     if profile:
-        from _common import profile_step
-
         result["profile_one_step"] = profile_step(step)
     torch.cuda.empty_cache()
     return result
@@ -202,23 +178,16 @@ def main() -> None:
     if args.child:
         child(args.child, args.child_out, args.steps, profile=args.profile)
         return
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from _common import environment
-    from _common import write_json
-
     rows = []
     for variant in args.variants.split(","):
         tmp = args.out.with_name(f".{variant}.json")
-        cmd = [sys.executable, __file__, "--child", variant, "--child-out", str(tmp), "--steps", str(args.steps)]
+        cmd = python_m("benchmarks.cuda.qwen3_bench", "--child", variant, "--child-out", str(tmp), "--steps",
+                       str(args.steps))
         cmd += ["--profile"] if args.profile else []
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ)
-            row = json.loads(tmp.read_text()) if tmp.exists() else {"variant": variant}
-            if proc.returncode != 0:
-                row["process_error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
-        except subprocess.TimeoutExpired:
-            row = {"variant": variant, "process_error": f"timed out after {args.timeout}s"}
-        tmp.unlink(missing_ok=True)
+        row, error = run_child(cmd, tmp, timeout=args.timeout)
+        row = row or {"variant": variant}
+        if error:
+            row["process_error"] = error
         rows.append(row)
         hidden = ("losses", "train_traceback", "profile_one_step", "host_queue_ms_each")
         print(json.dumps({k: v for k, v in row.items() if k not in hidden}), flush=True)
@@ -233,28 +202,23 @@ def main() -> None:
             "rows": rows,
         },
     )
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-        names = [r["variant"] for r in rows]
-        for ax, key, title in zip(
-            axes,
-            ("train_tokens_per_s", "train_peak_GiB", "prefill_ms"),
-            ("train tokens/s (higher better)", "train peak GiB", "prefill ms (lower better)"),
-            strict=True,
-        ):
-            ax.bar(names, [r.get(key, 0) or 0 for r in rows])
-            ax.set_title(title)
-            ax.tick_params(axis="x", rotation=45)
-        fig.suptitle(f"Qwen3-0.6B shape, {environment()['device']}")
-        fig.tight_layout()
-        fig.savefig(args.out.with_suffix(".png"), dpi=110)
-    except ImportError:
-        pass
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    names = [r["variant"] for r in rows]
+    for ax, key, title in zip(
+        axes,
+        ("train_tokens_per_s", "train_peak_GiB", "prefill_ms"),
+        ("train tokens/s (higher better)", "train peak GiB", "prefill ms (lower better)"),
+        strict=True,
+    ):
+        ax.bar(names, [r.get(key, 0) or 0 for r in rows])
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=45)
+    fig.suptitle(f"Qwen3-0.6B shape, {environment()['device']}")
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ same-size copy (two tensors) is ``2.5 * copy_us / per-layer us``. ``module_trito
 path), side by side in the same run. ``chain_*_gpu_per_layer_us`` replays the 32-layer chain as a CUDA graph: the
 GPU time alone, against which the gap to the chain as called is the host's share.
 
-    python benchmarks/cuda/rmsnorm_bench.py --out benchmarks/results/rmsnorm-h100.json
-    python benchmarks/cuda/rmsnorm_bench.py --chain-only --shapes 8192x1024,16384x1024 --out /tmp/chains.json
+    python -m benchmarks.cuda.rmsnorm_bench --out benchmarks/results/rmsnorm-h100.json
+    python -m benchmarks.cuda.rmsnorm_bench --chain-only --shapes 8192x1024,16384x1024 --out /tmp/chains.json
 """
 
 from __future__ import annotations
@@ -38,15 +38,16 @@ import time
 import kernels_core
 import torch
 import torch.nn.functional as F
-from _common import bench
-from _common import environment
-from _common import gpu_us
-from _common import kernelized_norms
-from _common import python_autograd_norms
-from _common import triton_norms
-from _common import write_json
-from kernels_cuda import _ops
-from kernels_triton import ops
+
+from benchmarks.common import bench
+from benchmarks.common import environment
+from benchmarks.common import gpu_us
+from benchmarks.common import kernelized_norms
+from benchmarks.common import parse_shapes
+from benchmarks.common import pyplot
+from benchmarks.common import python_autograd_norms
+from benchmarks.common import triton_norms
+from benchmarks.common import write_json
 
 
 SHAPES = [
@@ -82,6 +83,8 @@ CHAIN_NAMES = ("module", "f_rms_norm", "triton", "module_triton", "module_triton
 
 def _chains(chain_module: torch.nn.Sequential) -> dict:
     """The chain variants over one stack of kernelized modules (see the module docstring)."""
+    from kernels_triton import ops
+
     weights = [norm.weight for norm in chain_module]
     return {
         "module": chain_module,
@@ -155,6 +158,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of chain timings; per-layer costs are their median (default: 5)")
     args = parser.parse_args()
+    from kernels_cuda import _ops
+    from kernels_triton import ops
+
     dtype = torch.bfloat16
     # The norms' C++ autograd extension builds in the background on first use: wait, so every row times it.
     cpp_autograd = ops.cpp_autograd_extension(wait=True) is not None
@@ -184,7 +190,7 @@ def main() -> None:
         torch.cuda.synchronize()
     print("host us per call:", {k: round(v, 1) for k, v in host.items()}, flush=True)
     rows = []
-    shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes.split(",")] if args.shapes else SHAPES
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     for n, h in shapes:
         x = torch.randn(n, h, device="cuda", dtype=dtype)
         w = torch.randn(h, device="cuda", dtype=dtype)
@@ -248,31 +254,23 @@ def main() -> None:
         "rows": rows,
     }
     write_json(args.out, payload)
-    if args.chain_only:
+    plt = pyplot()
+    if args.chain_only or plt is None:
         return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        labels = [f"{r['shape'][0]}x{r['shape'][1]}" for r in rows]
-        for ax, phase in zip(axes, ("fwd", "fwdbwd"), strict=True):
-            for name in kernels:
-                ax.plot(labels, [r[f"{name}_{phase}_us"] for r in rows], marker="o", label=name)
-            if phase == "fwd":
-                ax.plot(labels, [r["copy_us"] for r in rows], linestyle="--", color="gray", label="copy")
-            ax.set_yscale("log")
-            ax.set_title(f"RMSNorm {phase} bf16, {payload['environment']['device']}")
-            ax.set_ylabel("median us")
-            ax.tick_params(axis="x", rotation=60)
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.out.with_suffix(".png"), dpi=110)
-    except ImportError:
-        pass
-
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [f"{r['shape'][0]}x{r['shape'][1]}" for r in rows]
+    for ax, phase in zip(axes, ("fwd", "fwdbwd"), strict=True):
+        for name in kernels:
+            ax.plot(labels, [r[f"{name}_{phase}_us"] for r in rows], marker="o", label=name)
+        if phase == "fwd":
+            ax.plot(labels, [r["copy_us"] for r in rows], linestyle="--", color="gray", label="copy")
+        ax.set_yscale("log")
+        ax.set_title(f"RMSNorm {phase} bf16, {payload['environment']['device']}")
+        ax.set_ylabel("median us")
+        ax.tick_params(axis="x", rotation=60)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=110)
 
 if __name__ == "__main__":
     main()

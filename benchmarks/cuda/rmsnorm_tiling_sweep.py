@@ -5,14 +5,14 @@ input's size, so its copy-bandwidth floor is 1.5 x a same-size copy. Each progra
 keeps one float32 weight-gradient row, summed afterwards by a second launch. The sweep varies the programs per
 SM (``programs_per_sm``: more hides latency, but adds partial rows to write and sum), the tile each loop step
 loads (``tile_bytes`` of input per tensor) and software pipelining of the loop (``stages``: 1 is none), and
-reports each variant's GPU time alone (CUDA-graph replay, L2 flushed; :func:`_common.gpu_us`) with and without
-the weight-gradient sum, and with the sum for the rstd recomputed in the kernel (what the eager autograd paths
+reports each variant's GPU time alone (CUDA-graph replay, L2 flushed; :func:`benchmarks.common.gpu_us`) with and
+without the weight-gradient sum, and with the sum for the rstd recomputed in the kernel (what the eager autograd paths
 do; ``with_dw_recomputed_gpu_us``) instead of read from the forward's saved rstd (the ``torch.compile`` ops). It
 also times that sum both ways, kernels-triton's one launch (at its default and at each of ``SUM_TILINGS``) and
 ``partial.sum(0)`` followed by the cast, and the forward kernel for reference.
 
-    python benchmarks/cuda/rmsnorm_tiling_sweep.py --out benchmarks/results/rmsnorm-tiling-h200.json
-    python benchmarks/cuda/rmsnorm_tiling_sweep.py --shapes 131072x128 --programs-per-sm 2,4 --out /tmp/sweep.json
+    python -m benchmarks.cuda.rmsnorm_tiling_sweep --out benchmarks/results/rmsnorm-tiling-h200.json
+    python -m benchmarks.cuda.rmsnorm_tiling_sweep --shapes 131072x128 --programs-per-sm 2,4 --out /tmp/sweep.json
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import itertools
 import pathlib
 
 import torch
-from _common import environment
-from _common import gpu_us
-from _common import write_json
-from kernels_triton import ops as kernels
+
+from benchmarks.common import environment
+from benchmarks.common import gpu_us
+from benchmarks.common import parse_shapes
+from benchmarks.common import write_json
 
 
 SHAPES = [(8192, 1024), (16384, 1024), (131072, 128), (4096, 4096), (16384, 2048), (16384, 4096), (8192, 8192)]
@@ -48,9 +49,11 @@ def main() -> None:
     parser.add_argument("--stages", default=",".join(map(str, STAGES)),
                         help="comma-separated values to sweep (default: %(default)s)")
     args = parser.parse_args()
+    from kernels_triton import ops as kernels
+
     grid = [tuple(int(v) for v in values.split(",")) for values in (args.programs_per_sm, args.tile_bytes,
                                                                      args.stages)]
-    shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes.split(",")] if args.shapes else SHAPES
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     dtype = torch.bfloat16
     device = torch.cuda.current_device()
     rows = []

@@ -3,8 +3,8 @@ KernelizeCallback(), and each again with torch_compile=True, each variant in a f
 process-wide). Tokens/s from the Trainer's own metrics (train_tokens_per_second over the whole run) and over the
 steps after warm-up (from step timestamps), peak GPU memory (per rank), the loss of every step.
 
-    python benchmarks/cuda/trainer_bench.py --out benchmarks/results/trainer-qwen3-0.6b-h100.json [--steps 20]
-    python benchmarks/cuda/trainer_bench.py --gpus 2 --variants plain,liger,kernelize \
+    python -m benchmarks.cuda.trainer_bench --out benchmarks/results/trainer-qwen3-0.6b-h100.json [--steps 20]
+    python -m benchmarks.cuda.trainer_bench --gpus 2 --variants plain,liger,kernelize \
         --out benchmarks/results/trainer-fsdp2-qwen3-0.6b-2xh200.json
 
 ``--gpus N`` (N > 1) runs each variant under ``torchrun`` on N GPUs with the Trainer's own FSDP2 (accelerate,
@@ -19,7 +19,7 @@ multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-r
 ``--peft lora|lora_lm_head|qlora`` trains LoRA adapters (QLoRA: the base quantized to 4-bit nf4 by bitsandbytes
 while loading). Kernelized variants wait for the norms' C++ autograd nodes before training (steady-state numbers).
 
-    python benchmarks/cuda/trainer_bench.py --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
+    python -m benchmarks.cuda.trainer_bench --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
         --out benchmarks/results/trainer-zero3-qwen3-0.6b-4xh100.json
 """
 
@@ -33,9 +33,17 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import child_env
+from benchmarks.common import distributed_workers
+from benchmarks.common import environment
+from benchmarks.common import pyplot
+from benchmarks.common import python_m
+from benchmarks.common import settle_cpp_extension
+from benchmarks.common import write_json
+from benchmarks.cuda.distributed_bench import build_model
+
 
 VARIANTS = ["plain", "liger", "kernelize", "kernelize_before", "plain_compile", "liger_compile", "kernelize_compile"]
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def deepspeed_config(stage: int) -> dict:
@@ -43,17 +51,6 @@ def deepspeed_config(stage: int) -> dict:
     return {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": True},
             "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}}
-
-
-def build_model(model_name: str, layers: int | None, device: str):
-    depth = {} if layers is None else {"num_hidden_layers": layers}
-    if model_name == "qwen3-0.6b":
-        from qwen3_bench import build
-
-        return build(device=device, **depth)
-    import models_bench
-
-    return models_bench.build(model_name, device=device, **depth)
 
 
 # PEFT LoRA targets per --peft case: every linear layer of the decoder ("all-linear" leaves lm_head out), the same
@@ -96,8 +93,6 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     from transformers import TrainerCallback
     from transformers import TrainingArguments
 
-    sys.path.insert(0, str(HERE))
-
     stamps: list[float] = []
 
     class Stamp(TrainerCallback):
@@ -112,7 +107,8 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
         callbacks.append(KernelizeCallback())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    model = build_model(model_name, layers, f"cuda:{torch.cuda.current_device()}")
+    model = build_model(model_name, tiny=False, device=torch.device("cuda", torch.cuda.current_device()),
+                        layers=layers)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": (ids := torch.randint(0, vocab, (seq,), generator=g)), "labels": ids}
@@ -124,8 +120,6 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
 
         kernels_core.kernelize(model, mode=kernels_core.Mode.TRAINING)
     if variant.startswith("kernelize"):
-        from _common import settle_cpp_extension
-
         # Steady-state numbers: the norms' C++ autograd nodes load in the background (seconds from the cache),
         # and the warm-up steps alone may not cover that; the callback variant kernelizes later than the others.
         settle_cpp_extension()
@@ -208,15 +202,6 @@ def main() -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result))
         return 0
-    sys.path.insert(0, str(HERE))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from _common import distributed_workers
-    from _common import environment
-    from _common import write_json
-
     if opts.gpus > 1:
         distributed_workers().set_distributed_env()  # NVLink multicast off, inherited by every torchrun below
 
@@ -228,10 +213,9 @@ def main() -> int:
     passed += ["--layers", str(opts.layers)] if opts.layers else []
     passed += ["--peft", opts.peft] if opts.peft else []
     for variant in opts.variants.split(","):
-        launcher = [sys.executable]
-        if opts.gpus > 1 or opts.deepspeed:
-            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(opts.gpus)]
-        proc = subprocess.run([*launcher, __file__, *passed, "--one", variant], capture_output=True, text=True)
+        torchrun = ["--standalone", "--nproc_per_node", str(opts.gpus)] if opts.gpus > 1 or opts.deepspeed else None
+        cmd = python_m("benchmarks.cuda.trainer_bench", *passed, "--one", variant, torchrun=torchrun)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             results[variant] = {"variant": variant, "error": proc.stderr[-3000:]}
@@ -277,6 +261,9 @@ def main() -> int:
     write_json(opts.out, {"environment": {**environment(), "world_size": opts.gpus}, "shape": shape,
                           "steps": opts.steps, "warmup_steps": opts.warmup, "summary": summary,
                           "results": results})
+    plt = pyplot()
+    if plt is None:
+        return 0
     ok = [r for r in results.values() if "losses" in r]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     left.bar([r["variant"] for r in ok], [r["steady_tokens_per_second"] for r in ok])

@@ -1,4 +1,4 @@
-"""One training workload, measured in a process of its own: the shared half of ``benchmarks/portable_memory.py``.
+"""One training workload, measured in a process of its own: the shared half of ``benchmarks.portable.memory``.
 
 Peak memory is read, never estimated. On CPU the kernel's resident-set high-water mark (``VmHWM``) is reset
 just before the first training step (``/proc/self/clear_refs``), so the peak covers the training steps

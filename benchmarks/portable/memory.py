@@ -1,7 +1,7 @@
 """Training-step peak memory and time, eager against kernelized with the core's portable kernels (not a test).
 
-    python benchmarks/portable_memory.py                                   # demo model on CPU
-    python benchmarks/portable_memory.py --device cuda --shape qwen3-0.6b  # Qwen3-0.6B shape, bf16, 4 x 2048
+    python -m benchmarks.portable.memory                                   # demo model on CPU
+    python -m benchmarks.portable.memory --device cuda --shape qwen3-0.6b  # Qwen3-0.6B shape, bf16, 4 x 2048
 
 Every variant trains the same seeded model on the same batches in a process of its own, so peaks do not mix:
 on CPU the resident-set high-water mark reset before the first step (Linux ``VmHWM``), on CUDA
@@ -24,9 +24,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common import RESULTS
+from benchmarks.common import child_env
+from benchmarks.common import python_m
+from benchmarks.common import write_json
+from benchmarks.portable import workload
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "portable"))
 
 VARIANTS = ("eager", "kernelized", "loss-only", "no-loss")
 # kernelize configurations per variant; None means eager (kernelize is never called).
@@ -57,7 +60,6 @@ def worker(variant: str, shape_name: str, device_name: str, steps: int, plugins:
         # The allow list always keeps ``builtin``; naming ``portable`` keeps vendor plugins out.
         os.environ["KERNELS_CORE_PLUGINS"] = "portable"
     import torch
-    import workload
 
     shape = workload.SHAPES[shape_name]
     device = torch.device(device_name)
@@ -75,7 +77,10 @@ def worker(variant: str, shape_name: str, device_name: str, steps: int, plugins:
             if entry.applied:
                 applied[entry.kernel] = applied.get(entry.kernel, 0) + 1
         summary["kernels"] = applied
-        foreign = sorted(k for k in applied if not k.startswith("any."))
+        # The core's own kernels: portable ("any.") and the CPU-only ones its portable plugin declares.
+        core_kernels = {spec.id for spec, plugin in kernels_core.list_kernels()
+                        if plugin.name in ("builtin", "portable")}
+        foreign = sorted(k for k in applied if k not in core_kernels)
         if plugins == "core" and foreign:
             raise SystemExit(f"--plugins core, yet kernelize applied non-portable kernels {foreign}")
     result = workload.train(model, shape, device=device, steps=steps)
@@ -83,21 +88,9 @@ def worker(variant: str, shape_name: str, device_name: str, steps: int, plugins:
 
 
 def run_variant(variant: str, args: argparse.Namespace) -> dict:
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        variant,
-        "--shape",
-        args.shape,
-        "--device",
-        args.device,
-        "--steps",
-        str(args.steps),
-        "--plugins",
-        args.plugins,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
+    command = python_m("benchmarks.portable.memory", "--worker", variant, "--shape", args.shape, "--device",
+                       args.device, "--steps", str(args.steps), "--plugins", args.plugins)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env())
     if done.returncode != 0:
         sys.exit(f"variant {variant} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -131,7 +124,6 @@ def main() -> int:
 
     import torch
     import transformers
-    import workload
 
     variants = [v for v in args.variants.split(",") if v]
     if "eager" not in variants:
@@ -224,9 +216,8 @@ def main() -> int:
     }
     suffix = args.device.split(":")[0] + ("" if args.shape == "demo" else f"-{args.shape}")
     suffix += "" if args.plugins == "core" else "-installed-plugins"
-    out = Path(args.out) if args.out else HERE / "results" / f"portable-{suffix}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = Path(args.out) if args.out else RESULTS / f"portable-{suffix}.json"
+    write_json(out, record)
     print(f"wrote {out}")
     return 0
 

@@ -1,16 +1,36 @@
-"""Shared helpers for the CUDA benchmarks: environment record, timing, kernelized RMSNorm stacks, kernel-choice
-switches."""
+"""What the benchmarks share: the environment record, results files, child processes, timing, model builders,
+kernelized RMSNorm stacks and kernel-choice switches.
+
+Every benchmark is a module of the ``benchmarks`` package, run from the repository root with ``python -m``
+(``python -m benchmarks.cuda.models_bench --help``). A benchmark that starts itself again in a child process
+(one process per variant) builds the command with :func:`python_m` and starts it through :func:`run_child` or with
+:func:`child_env`'s environment, which names the repository root on ``PYTHONPATH``, so the child finds the package
+from any working directory.
+
+Example:
+    >>> python_m("benchmarks.cuda.models_bench", "--help")[1:]
+    ['-m', 'benchmarks.cuda.models_bench', '--help']
+    >>> parse_shapes("8192x1024,131072x128")
+    [(8192, 1024), (131072, 128)]
+"""
 
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
+from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -19,7 +39,8 @@ if TYPE_CHECKING:
     import kernels_core
 
 
-RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
 
 
 def _commit() -> str | None:
@@ -102,17 +123,21 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
     }, step
 
 
-def distributed_workers():  # noqa: ANN201 - a module
+# The distributed GPU tests' helpers, loaded from their file: the workers folder is no package, and its scripts
+# import the file as ``_shared`` from their own folder.
+_WORKERS_SHARED = REPO / "plugins-cuda" / "tests" / "distributed_workers" / "_shared.py"
+
+
+@functools.cache
+def distributed_workers() -> ModuleType:
     """The distributed GPU tests' helpers (``plugins-cuda/tests/distributed_workers/_shared.py``: process group with
-    NVLink multicast off, FSDP2/DDP wrapping), which the multi-GPU benchmarks use too."""
-    import sys
-
-    workers = pathlib.Path(__file__).resolve().parents[2] / "plugins-cuda" / "tests" / "distributed_workers"
-    if str(workers) not in sys.path:
-        sys.path.insert(0, str(workers))
-    import _shared
-
-    return _shared
+    NVLink multicast off, FSDP2/DDP wrapping), which the multi-GPU benchmarks use too; loaded once per process."""
+    spec = importlib.util.spec_from_file_location("benchmarks._distributed_workers_shared", _WORKERS_SHARED)
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: dataclasses and pickling look a class's module up by name.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def set_loss_chunk_rows(modifier: str) -> None:
@@ -177,17 +202,35 @@ def host_profile_step(step, device: torch.device, *, top: int = 30) -> dict:
             "profiled_total_ms": round(1e3 * stats.total_tt, 2), "by_tottime": rows(2), "by_cumtime": rows(3)}
 
 
+def python_m(module: str, *args: str, torchrun: Sequence[str] | None = None) -> list[str]:
+    """The command that runs ``module`` (``benchmarks.cuda.models_bench``) as ``python -m`` with ``args``, or under
+    ``torch.distributed.run`` with the launcher options ``torchrun`` (``["--standalone", "--nproc_per_node", "2"]``).
+    Start it with :func:`run_child` or :func:`child_env`'s environment, which finds the package from any folder."""
+    launcher = [sys.executable] if torchrun is None else [sys.executable, "-m", "torch.distributed.run", *torchrun]
+    return [*launcher, "-m", module, *args]
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's environment) with the repository root first on ``PYTHONPATH``: a child
+    started with ``python -m benchmarks...`` then imports this package whatever its working directory."""
+    out = dict(os.environ if env is None else env)
+    paths = [path for path in out.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if str(REPO) not in paths:
+        out["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    return out
+
+
 def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float,
-              env: dict[str, str] | None = None) -> tuple[object | None, str | None]:
-    """Run one benchmark variant in its own process, which writes its JSON result to ``out``; ``env`` adds
-    environment variables to the child's.
+              env: Mapping[str, str] | None = None) -> tuple[Any, str | None]:
+    """Run one benchmark variant in its own process (``cmd``, from :func:`python_m`), which writes its JSON result
+    to ``out``; ``env`` adds environment variables to the child's (:func:`child_env`).
 
     Returns the result (``None`` if the process wrote none) and what went wrong (``None`` if nothing): the exit
     status with the end of its stderr, or the time limit with the end of its output.
     """
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})})
+                              env=child_env({**os.environ, **(env or {})}))
         error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-1500:]}"
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-800:]
@@ -196,6 +239,87 @@ def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float,
     result = json.loads(out.read_text()) if out.exists() else None
     out.unlink(missing_ok=True)
     return result, error
+
+
+def parse_side(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME[:VAR=VALUE,...]`` -> (name, environment changes).
+
+    Example:
+        >>> parse_side("off:KERNELS_X=0,Y=1")
+        ('off', {'KERNELS_X': '0', 'Y': '1'})
+    """
+    name, _, assignments = text.partition(":")
+    env = {}
+    for item in filter(None, assignments.split(",")):
+        var, sep, value = item.partition("=")
+        if not sep or not var:
+            raise SystemExit(f"side {text!r}: expected NAME or NAME:VAR=VALUE[,VAR=VALUE...], got {item!r}")
+        env[var] = value
+    return name, env
+
+
+def pyplot() -> ModuleType | None:
+    """``matplotlib.pyplot`` drawing to files only (the Agg backend), or None where matplotlib is not installed:
+    the charts beside a results file are optional."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``"8192x1024,131072x128"`` -> ``[(8192, 1024), (131072, 128)]`` (a ``--shapes`` option)."""
+    return [tuple(int(size) for size in shape.split("x")) for shape in text.split(",")]
+
+
+# The Qwen3-0.6B shape (published config.json, sizes only) that the Qwen3 training, decoding and distributed
+# benchmarks build; max_position_embeddings bounds nothing a benchmark runs.
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)
+# transformers' config and model classes per model family (``model_type``) the benchmarks build.
+FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+}
+
+
+def causal_lm(family: str, *, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
+              seed: int = 0, experts: str | None = None, **config: Any) -> torch.nn.Module:
+    """A randomly initialised transformers causal LM of ``family`` (a key of :data:`FAMILIES`) with the sizes in
+    ``config`` and sdpa attention, its weights drawn after ``torch.manual_seed(seed)``, built on ``device`` in
+    ``dtype``; ``experts`` sets a MoE model's ``experts_implementation``."""
+    import transformers
+
+    config_name, model_name = FAMILIES[family]
+    built = getattr(transformers, config_name)(**config, attn_implementation="sdpa")
+    if experts is not None:
+        built._experts_implementation = experts
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return getattr(transformers, model_name)(built).to(dtype)
+
+
+def require_cuda_kernels(report: Any) -> None:
+    """Refuse to time a silent no-op: without installed entry points only the core's plugins load, and kernelize
+    binds no CUDA kernel (``report``: ``kernels_core.get_report(model)``)."""
+    if not any((entry.kernel or entry.left_to_compiler or "").startswith("cuda.") for entry in report.entries):
+        raise RuntimeError(f"kernelize applied no CUDA kernel; is kernels-cuda installed?\n{report.table()}")
 
 
 def bench(fn, *, rep: int = 200) -> float:

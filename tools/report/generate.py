@@ -1,18 +1,10 @@
-"""Tables and charts from ``benchmarks/results/*.json``: the one source of the published benchmark numbers.
+"""Tables and charts from ``benchmarks/results/*.json``: the README's table and chart, the benchmarks page.
 
-The README's results table and chart, and the documentation site's benchmarks page, all come from here, so a
-number changes in one place: the results file.
-
-    python benchmarks/report.py --write           # README table (between its markers), docs/benchmarks.md, charts
-    python benchmarks/report.py --check           # exit 1 if any of those is out of date (the docs build runs it)
-    python benchmarks/report.py --table           # the README's table on stdout
-    python benchmarks/report.py                   # the whole benchmarks page (Markdown) on stdout
-    python benchmarks/report.py --out page.md --charts charts/   # page to a file, its SVG charts beside it
-
-Each results file is named ``<benchmark>-<device>.json`` and states the commit that recorded it (``commit``, or
-``environment.commit``). A file holding several runs keeps them under ``runs``, each with its own environment: a
-list of named runs, or ``distributed_bench.py``'s runs by GPU count (``"1"``, ``"2"``) beside their ``scaling``.
-Files this script has no table for are still listed in the inventory with their device, date and commit.
+How to run it: :mod:`tools.report`. Each results file is named ``<benchmark>-<device>.json`` and states the commit
+that recorded it (``commit``, or ``environment.commit``). A file holding several runs keeps them under ``runs``, each
+with its own environment: a list of named runs, or ``distributed_bench``'s runs by GPU count (``"1"``, ``"2"``)
+beside their ``scaling``. Files the report has no table for are still listed in the inventory with their device,
+date and commit.
 """
 
 from __future__ import annotations
@@ -22,40 +14,36 @@ import re
 import sys
 from pathlib import Path
 
-
-# Its helpers sit beside it; docs/_hooks.py loads this file by path, so the folder is put on the path here.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report_data import _DISTRIBUTED_HEADLINE  # noqa: E402
-from _report_data import _MODEL_NAMES  # noqa: E402
-from _report_data import _MODELS_HEADLINE  # noqa: E402
-from _report_data import _PAGE_ONLY  # noqa: E402
-from _report_data import RESULTS  # noqa: E402
-from _report_data import ROOT  # noqa: E402
-from _report_data import _commit  # noqa: E402
-from _report_data import _commits  # noqa: E402
-from _report_data import _date  # noqa: E402
-from _report_data import _device  # noqa: E402
-from _report_data import _env  # noqa: E402
-from _report_data import _fsdp_setup  # noqa: E402
-from _report_data import _gpu_counts  # noqa: E402
-from _report_data import _gpus  # noqa: E402
-from _report_data import _k  # noqa: E402
-from _report_data import _long_device  # noqa: E402
-from _report_data import _median  # noqa: E402
-from _report_data import _model_name  # noqa: E402
-from _report_data import _per_gpu  # noqa: E402
-from _report_data import _rows  # noqa: E402
-from _report_data import _short_device  # noqa: E402
-from _report_data import _table  # noqa: E402
-from _report_data import _trainer_numbers  # noqa: E402
-from _report_data import load_results  # noqa: E402
-from _report_sections import _decode_ab_section  # noqa: E402
-from _report_sections import _decode_section  # noqa: E402
-from _report_sections import _distributed_section  # noqa: E402
-from _report_sections import _models_section  # noqa: E402
-from _report_sections import _models_title  # noqa: E402
-from _report_sections import _trainer_section  # noqa: E402
+from tools.report.data import DISTRIBUTED_HEADLINE
+from tools.report.data import MODEL_NAMES
+from tools.report.data import MODELS_HEADLINE
+from tools.report.data import PAGE_ONLY
+from tools.report.data import RESULTS
+from tools.report.data import ROOT
+from tools.report.data import commit_of
+from tools.report.data import commits_of
+from tools.report.data import date_of
+from tools.report.data import device_of
+from tools.report.data import env_of
+from tools.report.data import fsdp_setup
+from tools.report.data import gpu_count
+from tools.report.data import gpu_counts
+from tools.report.data import load_results
+from tools.report.data import long_device
+from tools.report.data import markdown_table
+from tools.report.data import median
+from tools.report.data import model_name
+from tools.report.data import per_gpu_suffix
+from tools.report.data import row_where
+from tools.report.data import short_device
+from tools.report.data import thousands
+from tools.report.data import trainer_numbers
+from tools.report.sections import decode_ab_section
+from tools.report.sections import decode_section
+from tools.report.sections import distributed_section
+from tools.report.sections import models_section
+from tools.report.sections import models_title
+from tools.report.sections import trainer_section
 
 
 __all__ = ["charts", "generated", "headline_chart", "headline_rows", "headline_table", "load_results", "page",
@@ -82,7 +70,7 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
 
     def add(stem: str, what: str, against: str, ratio: float | None, speed: str, memory: str, commit: str, *,
             device: str | None = None, label: str | None = None) -> None:
-        out.append({"what": what, "device": device or _short_device(results[stem]), "against": against,
+        out.append({"what": what, "device": device or short_device(results[stem]), "against": against,
                     "ratio": ratio, "speed": speed, "memory": memory, "commit": commit, "file": f"{stem}.json",
                     "label": label})
 
@@ -90,57 +78,58 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
         stem = "trainer-qwen3-0.6b-h100"
         data = results[stem]
         r = data["results"]
-        tok, peak = _trainer_numbers(data)
-        c = r["kernelize"].get("commit") or _commit(data)
-        c_compile = r["kernelize_compile"].get("commit") or _env(data).get("commit") or _commit(data)
+        tok, peak = trainer_numbers(data)
+        c = r["kernelize"].get("commit") or commit_of(data)
+        c_compile = r["kernelize_compile"].get("commit") or env_of(data).get("commit") or commit_of(data)
         add(stem, "Trainer, Qwen3-0.6B shape: `KernelizeCallback`", "`use_liger_kernel=True`",
             tok["kernelize"] / tok["liger"],
-            f"**{tok['kernelize'] / tok['liger']:.2f}x** ({_k(tok['kernelize'])} tok/s)",
+            f"**{tok['kernelize'] / tok['liger']:.2f}x** ({thousands(tok['kernelize'])} tok/s)",
             f"{peak['kernelize'] / peak['liger']:.2f}x ({peak['kernelize']:.1f} GiB)", c)
         add(stem, "Trainer + `torch_compile`: `KernelizeCallback`", "plain Trainer + `torch_compile`",
             tok["kernelize_compile"] / tok["plain_compile"],
-            f"**{tok['kernelize_compile'] / tok['plain_compile']:.2f}x** ({_k(tok['kernelize_compile'])} tok/s)",
+            f"**{tok['kernelize_compile'] / tok['plain_compile']:.2f}x** "
+            f"({thousands(tok['kernelize_compile'])} tok/s)",
             f"{peak['kernelize_compile'] / peak['plain_compile']:.2f}x ({peak['kernelize_compile']:.1f} GiB)",
             c_compile)
     for stem, data in results.items():
         if not (stem.startswith("trainer-fsdp2-") and "results" in data):
             continue
-        tok, peak = _trainer_numbers(data)
+        tok, peak = trainer_numbers(data)
         if not {"plain", "liger", "kernelize"} <= tok.keys():
             continue
-        each = _per_gpu(_gpus(data))
+        each = per_gpu_suffix(gpu_count(data))
         add(stem, "Trainer under FSDP2, Qwen3-0.6B shape: `KernelizeCallback`",
             "plain Trainer / `use_liger_kernel=True`", tok["kernelize"] / tok["plain"],
             f"**{tok['kernelize'] / tok['plain']:.2f}x** / {tok['kernelize'] / tok['liger']:.2f}x "
-            f"({_k(tok['kernelize'])} tok/s)",
+            f"({thousands(tok['kernelize'])} tok/s)",
             f"{peak['kernelize'] / peak['plain']:.2f}x / {peak['kernelize'] / peak['liger']:.2f}x "
-            f"({peak['kernelize']:.1f} GiB{each})", _commit(data),
-            label=f"Trainer under FSDP2, Qwen3-0.6B: KernelizeCallback ({_short_device(data)}) vs plain Trainer")
+            f"({peak['kernelize']:.1f} GiB{each})", commit_of(data),
+            label=f"Trainer under FSDP2, Qwen3-0.6B: KernelizeCallback ({short_device(data)}) vs plain Trainer")
     for stem, data in results.items():
         if not (stem.startswith("trainer-zero") and "results" in data):
             continue
-        tok, peak = _trainer_numbers(data)
+        tok, peak = trainer_numbers(data)
         if not {"plain", "liger", "kernelize", "kernelize_before"} <= tok.keys():
             continue
         stage = re.search(r"ZeRO-(\d)", data.get("shape", "")) or re.search(r"zero(\d)", stem)
-        each = _per_gpu(_gpus(data))
+        each = per_gpu_suffix(gpu_count(data))
         for variant, how in (("kernelize_before", "kernelize, then the Trainer"),
                              ("kernelize", "`KernelizeCallback`")):
             add(stem, f"Trainer under DeepSpeed ZeRO-{stage.group(1)}, Qwen3-0.6B shape: {how}",
                 "plain Trainer / `use_liger_kernel=True`", tok[variant] / tok["plain"],
                 f"**{tok[variant] / tok['plain']:.2f}x** / {tok[variant] / tok['liger']:.2f}x "
-                f"({_k(tok[variant])} tok/s)",
+                f"({thousands(tok[variant])} tok/s)",
                 f"{peak[variant] / peak['plain']:.2f}x / {peak[variant] / peak['liger']:.2f}x "
-                f"({peak[variant]:.1f} GiB{each})", _commit(data),
+                f"({peak[variant]:.1f} GiB{each})", commit_of(data),
                 label=f"Trainer under ZeRO-{stage.group(1)}, Qwen3-0.6B: {how.replace('`', '')} "
-                      f"({_short_device(data)}) vs plain Trainer")
+                      f"({short_device(data)}) vs plain Trainer")
     for stem, data in results.items():
-        if not stem.startswith("distributed-") or stem in _PAGE_ONLY:
+        if not stem.startswith("distributed-") or stem in PAGE_ONLY:
             continue
-        model = _model_name(data)
-        setup = _fsdp_setup(data)
+        model = model_name(data)
+        setup = fsdp_setup(data)
         model += f" ({setup})" if setup else ""
-        counts = _gpu_counts(data)
+        counts = gpu_counts(data)
         if counts:  # one run per GPU count: each count's ratio, charted at the largest
             runs = [data["runs"][n] for n in counts]
             if not all("kernelize_before" in run.get("ratios_vs_eager", {}) for run in runs):
@@ -152,12 +141,12 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 ratios[-1].get("tokens_per_s"),
                 ", ".join(f"{r['tokens_per_s']:.2f}x ({g})" for r, g in zip(ratios, gpus, strict=True)),
                 ", ".join(f"{r['peak']:.2f}x" for r in ratios) + f" ({top['peak_GiB']:.1f} GiB/GPU)",
-                _commit(data), device=" and ".join(f"{n}x" for n in counts) + f" {_short_device(data, 1)}",
+                commit_of(data), device=" and ".join(f"{n}x" for n in counts) + f" {short_device(data, 1)}",
                 label=f"FSDP2 training loop, {_chart_name(model)}: kernelize, then fully_shard "
-                      f"({counts[-1]}x {_short_device(data, 1)}) vs eager")
+                      f"({counts[-1]}x {short_device(data, 1)}) vs eager")
             continue
         variants = data.get("variants", {})
-        for variant, label, against in _DISTRIBUTED_HEADLINE:
+        for variant, label, against in DISTRIBUTED_HEADLINE:
             ratio = data.get("ratios_vs_eager", {}).get(variant)
             if ratio is None or variant not in variants:
                 continue
@@ -166,10 +155,11 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             versus = "" if liger is None else f" / {liger['tokens_per_s']:.2f}x"
             add(stem, f"FSDP2 training, {model}: {label}", against + (" / Liger-Kernel" if liger else ""),
                 ratio["tokens_per_s"],
-                f"{bold}{ratio['tokens_per_s']:.2f}x{bold}{versus} ({_k(variants[variant]['tokens_per_s'])} tok/s)",
+                f"{bold}{ratio['tokens_per_s']:.2f}x{bold}{versus} "
+                f"({thousands(variants[variant]['tokens_per_s'])} tok/s)",
                 f"{ratio['peak']:.2f}x" + ("" if liger is None else f" / {liger['peak']:.2f}x")
-                + f" ({variants[variant]['peak_GiB']:.1f} GiB/GPU)", _commit(data))
-    for stem, (label, pairs) in _MODELS_HEADLINE.items():
+                + f" ({variants[variant]['peak_GiB']:.1f} GiB/GPU)", commit_of(data))
+    for stem, (label, pairs) in MODELS_HEADLINE.items():
         if stem not in results:
             continue
         data = results[stem]
@@ -178,11 +168,11 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             for variant, base in pairs:
                 if variant in by and base in by:
                     ratio = by[variant]["tokens_per_s"] / by[base]["tokens_per_s"]
-                    add(stem, f"{label}, {_MODEL_NAMES.get(model, model)}: {variant.replace('_', ' + ')}",
+                    add(stem, f"{label}, {MODEL_NAMES.get(model, model)}: {variant.replace('_', ' + ')}",
                         "eager" if base == "eager" else "`torch.compile`", ratio,
-                        f"**{ratio:.2f}x** ({_k(by[variant]['tokens_per_s'])} tok/s)",
+                        f"**{ratio:.2f}x** ({thousands(by[variant]['tokens_per_s'])} tok/s)",
                         f"{by[variant]['peak_GiB'] / by[base]['peak_GiB']:.2f}x ({by[variant]['peak_GiB']:.1f} GiB)",
-                        _commit(data))
+                        commit_of(data))
     for stem in ("qwen3-h100", "qwen3-h200"):
         if stem not in results:
             continue
@@ -198,9 +188,9 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             ratio = row["train_tokens_per_s"] / compile_["train_tokens_per_s"]
             bold = "**" if variant == "kernelize_compile" else ""
             add(stem, f"Training loop, Qwen3-0.6B shape: {label}", "`torch.compile`", ratio,
-                f"{bold}{ratio:.2f}x{bold} ({_k(row['train_tokens_per_s'])} tok/s)",
+                f"{bold}{ratio:.2f}x{bold} ({thousands(row['train_tokens_per_s'])} tok/s)",
                 f"{row['train_peak_GiB'] / compile_['train_peak_GiB']:.2f}x ({row['train_peak_GiB']:.1f} GiB)",
-                _commit(data))
+                commit_of(data))
     if "decode-h100" in results:
         data = results["decode-h100"]
         # Compile against kernelize + compile: the in-process alternating run where there is one (both sides share
@@ -210,7 +200,7 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
         for model in dict.fromkeys(row["model"] for row in data["rows"]):
             for cache, variant, base, label in (("dynamic", "kernelize", "eager", "kernelize"),
                                                 ("static", "kernelize_compile", "compile", "kernelize + compile")):
-                name = f"Decoding, {_MODEL_NAMES.get(model, model)}, {cache} cache: {label}"
+                name = f"Decoding, {MODEL_NAMES.get(model, model)}, {cache} cache: {label}"
                 against = "eager" if base == "eager" else "`torch.compile`"
                 cells = [ab.get(f"{model} batch {batch}") for batch in (1, 8)]
                 if variant == "kernelize_compile" and all(cells):
@@ -221,26 +211,27 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                     ratios = [_decode_ms(data, model, cache, batch, base)
                               / _decode_ms(data, model, cache, batch, variant) for batch in (1, 8)]
                 add(stem, name, against, ratios[0], f"{ratios[0]:.2f}x (batch 1), {ratios[1]:.2f}x (batch 8)", "-",
-                    _commit(source))
+                    commit_of(source))
     for stem in ("portable-cpu",):
         if stem in results:
             data = results[stem]
             summary = data["variants"]["kernelized"]["summary"]
             speed = 1 / summary["time_ratio_vs_eager"]
             add(stem, "Portable kernels only (no vendor plugin), training step", "eager", speed, f"{speed:.2f}x",
-                f"**{summary['peak_ratio_vs_eager']:.2f}x**", _commit(data))
+                f"**{summary['peak_ratio_vs_eager']:.2f}x**", commit_of(data))
     return out
 
 
 def _decode_ms(data: dict, model: str, cache: str, batch: int, variant: str) -> float:
-    return float(_rows(data, model=model, cache=cache, batch=batch, variant=variant)["ms_per_token"])
+    return float(row_where(data, model=model, cache=cache, batch=batch, variant=variant)["ms_per_token"])
 
 
 def headline_table(results: dict[str, dict]) -> str:
     """The README's results table (Markdown)."""
-    return _table(("result", "device", "against", "speed", "peak memory", "commit"),
-                  ((row["what"], row["device"], row["against"], row["speed"], row["memory"],
-                    f"[`{row['commit']}`](benchmarks/results/{row['file']})") for row in headline_rows(results)))
+    return markdown_table(("result", "device", "against", "speed", "peak memory", "commit"),
+                          ((row["what"], row["device"], row["against"], row["speed"], row["memory"],
+                            f"[`{row['commit']}`](benchmarks/results/{row['file']})")
+                           for row in headline_rows(results)))
 
 
 def _chart_name(text: str) -> str:
@@ -282,29 +273,29 @@ def summary_table(results: dict[str, dict]) -> str:
 
     for stem, data in results.items():
         if stem.startswith("trainer-") and "results" in data:
-            tok, peak = _trainer_numbers(data)
+            tok, peak = trainer_numbers(data)
             for variant in ("kernelize", "kernelize_compile"):
                 if variant in tok and "plain" in tok:
-                    add(f"Trainer, Qwen3-0.6B shape, `{variant}`", _long_device(data), tok[variant] / tok["plain"],
+                    add(f"Trainer, Qwen3-0.6B shape, `{variant}`", long_device(data), tok[variant] / tok["plain"],
                         peak[variant] / peak["plain"], stem)
         elif stem.startswith("distributed-"):
-            model = _MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
-            runs = [(int(n), data["runs"][n]) for n in _gpu_counts(data)] or [(_gpus(data), data)]
+            model = MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+            runs = [(int(n), data["runs"][n]) for n in gpu_counts(data)] or [(gpu_count(data), data)]
             for gpus, run in runs:
                 v = run.get("variants", {})
                 if "eager" not in v:
                     continue
                 for variant in ("kernelize_before", "kernelize_after", "kernelize_compile"):
                     if variant in v:
-                        add(f"FSDP2 training, {model}, `{variant}`", _long_device(data, gpus),
+                        add(f"FSDP2 training, {model}, `{variant}`", long_device(data, gpus),
                             v[variant]["tokens_per_s"] / v["eager"]["tokens_per_s"],
                             v[variant]["peak_GiB"] / v["eager"]["peak_GiB"], stem)
-        elif stem in _MODELS_HEADLINE:
+        elif stem in MODELS_HEADLINE:
             for model in dict.fromkeys(row["model"] for row in data["rows"]):
                 by = {r["variant"]: r for r in data["rows"] if r["model"] == model and r.get("tokens_per_s")}
                 for variant in ("kernelize", "kernelize_compile"):
                     if variant in by and "eager" in by:
-                        add(f"{_MODEL_NAMES.get(model, model)} training, `{variant}`", _long_device(data),
+                        add(f"{MODEL_NAMES.get(model, model)} training, `{variant}`", long_device(data),
                             by[variant]["tokens_per_s"] / by["eager"]["tokens_per_s"],
                             by[variant]["peak_GiB"] / by["eager"]["peak_GiB"], stem)
         elif stem.startswith("qwen3-") and any(r["variant"] == "eager" for r in _qwen3_rows(data)):
@@ -313,16 +304,16 @@ def summary_table(results: dict[str, dict]) -> str:
             for variant in ("kernelize", "kernelize_compile"):
                 if variant in by:
                     r = by[variant]
-                    add(f"Qwen3-0.6B shape training loop, `{variant}`", _long_device(data),
+                    add(f"Qwen3-0.6B shape training loop, `{variant}`", long_device(data),
                         r["train_tokens_per_s"] / eager["train_tokens_per_s"],
                         r["train_peak_GiB"] / eager["train_peak_GiB"], stem)
         elif stem.startswith("portable-") and "variants" in data:
             v = data["variants"]
             if "eager" in v and "kernelized" in v:
-                add("portable kernels only, training step", _long_device(data),
-                    _median(v["eager"]["step_seconds"]) / _median(v["kernelized"]["step_seconds"]),
+                add("portable kernels only, training step", long_device(data),
+                    median(v["eager"]["step_seconds"]) / median(v["kernelized"]["step_seconds"]),
                     v["kernelized"]["peak_bytes"] / v["eager"]["peak_bytes"], stem)
-    return _table(("what", "device", "throughput vs eager", "peak memory vs eager", "results file"), rows)
+    return markdown_table(("what", "device", "throughput vs eager", "peak memory vs eager", "results file"), rows)
 
 
 def _bar_chart(title: str, values: list[tuple[str, float]], unit: str, *, label_width: int = 210,
@@ -366,23 +357,23 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
             out[f"{stem}-memory.svg"] = _bar_chart(
                 f"{stem}: training peak memory", [(r["variant"], r["train_peak_GiB"]) for r in rows], " GiB")
         elif stem.startswith("trainer-") and "results" in data:
-            tok, _ = _trainer_numbers(data)
+            tok, _ = trainer_numbers(data)
             out[f"{stem}.svg"] = _bar_chart(
-                f"Trainer, Qwen3-0.6B shape, {_short_device(data)}: steady tokens/s",
+                f"Trainer, Qwen3-0.6B shape, {short_device(data)}: steady tokens/s",
                 [(name, value / 1000) for name, value in tok.items()], "k")
         elif stem.startswith("distributed-"):
-            counts = _gpu_counts(data)
-            runs = [(int(n), data["runs"][n]) for n in counts] or [(_gpus(data), data)]
+            counts = gpu_counts(data)
+            runs = [(int(n), data["runs"][n]) for n in counts] or [(gpu_count(data), data)]
             values = [(f"{gpus} GPU{'s' if gpus > 1 else ''}: {name}", row["tokens_per_s"] / gpus / 1000)
                       for gpus, run in runs for name, row in run.get("variants", {}).items()
                       if row.get("tokens_per_s")]
-            out[f"{stem}.svg"] = _bar_chart(f"FSDP2, {_short_device(data, 1)}: tokens/s per GPU", values, "k",
+            out[f"{stem}.svg"] = _bar_chart(f"FSDP2, {short_device(data, 1)}: tokens/s per GPU", values, "k",
                                             label_width=260)
     for stem in ("moe-h100", "gemma-h100"):
         if stem in results:
             rows = [(f"{row['model']} {row['variant']}", row["tokens_per_s"] / 1000)
                     for row in results[stem]["rows"] if row.get("tokens_per_s")]
-            out[f"{stem}.svg"] = _bar_chart(f"{_models_title(results[stem])[:60]}, H100: tokens/s", rows, "k",
+            out[f"{stem}.svg"] = _bar_chart(f"{models_title(results[stem])[:60]}, H100: tokens/s", rows, "k",
                                             label_width=300)
     if "decode-h100" in results:
         rows = [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
@@ -395,50 +386,50 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
 def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     """The benchmarks page: headline, per-benchmark tables, charts, and an inventory of every results file."""
     parts = ["# Benchmarks", "",
-             "<!-- Generated by `python benchmarks/report.py --write`; edit the results files or report.py. -->", "",
-             "Generated by `benchmarks/report.py` from `benchmarks/results/*.json`. Variants of a benchmark are "
+             "<!-- Generated by `python -m tools.report --write`; edit the results files or tools/report/. -->", "",
+             "Generated by `python -m tools.report` from `benchmarks/results/*.json`. Variants of a benchmark are "
              "measured side by side in one run on one machine, each in its own process "
              "(`distributed_bench.py`: one after the other in one `torchrun` job); ratios are against the baseline "
              "of that run.", "", "## Headline", "",
-             _table(("result", "device", "against", "speed", "peak memory", "commit", "file"),
-                    ((r["what"], r["device"], r["against"], r["speed"], r["memory"], f"`{r['commit']}`",
-                      f"`{r['file']}`") for r in headline_rows(results))), ""]
+             markdown_table(("result", "device", "against", "speed", "peak memory", "commit", "file"),
+                            ((r["what"], r["device"], r["against"], r["speed"], r["memory"], f"`{r['commit']}`",
+                              f"`{r['file']}`") for r in headline_rows(results))), ""]
     if chart_dir is not None and results:
         parts += [f"![headline]({chart_dir}/{CHART.name})", ""]
     parts += ["## Against eager PyTorch", "", summary_table(results), ""]
     for stem, data in results.items():
         if stem.startswith("trainer-") and "results" in data:
-            parts += _trainer_section(stem, data, chart_dir)
+            parts += trainer_section(stem, data, chart_dir)
     for stem, data in results.items():
         if stem.startswith("distributed-") and (data.get("runs") or data.get("variants")):
-            parts += _distributed_section(stem, data, chart_dir)
+            parts += distributed_section(stem, data, chart_dir)
     for stem in ("moe-h100", "gemma-h100"):
         if stem in results:
-            parts += _models_section(stem, results[stem], chart_dir)
+            parts += models_section(stem, results[stem], chart_dir)
     if "decode-h100" in results:
-        parts += _decode_section(results["decode-h100"], chart_dir)
+        parts += decode_section(results["decode-h100"], chart_dir)
     bindings = {row["model"]: row["binding"] for row in results.get("decode-h100", {}).get("rows", ())
                 if row.get("variant") == "kernelize_compile" and row.get("binding")}
     for stem, data in results.items():
         if stem.startswith("decode-compile-ab-") and "summary" in data:
-            parts += _decode_ab_section(stem, data, bindings)
+            parts += decode_ab_section(stem, data, bindings)
     for stem, data in results.items():
         rows = _qwen3_rows(data)
         if stem.startswith("qwen3-") and rows:
-            parts += [f"## Training loop, Qwen3-0.6B shape, {_short_device(data)} (`{stem}.json`)", "",
-                      f"{data.get('config', '')}; {_device(data)}, {_date(data)}, commit `{_commit(data)}`. "
+            parts += [f"## Training loop, Qwen3-0.6B shape, {short_device(data)} (`{stem}.json`)", "",
+                      f"{data.get('config', '')}; {device_of(data)}, {date_of(data)}, commit `{commit_of(data)}`. "
                       "`benchmarks/cuda/qwen3_bench.py`.", "",
-                      _table(("variant", "train tokens/s", "train peak GiB", "prefill ms"),
-                             ((r["variant"], f"{r['train_tokens_per_s']:,.0f}", f"{r['train_peak_GiB']:.1f}",
-                               f"{r['prefill_ms']:.1f}" if r.get("prefill_ms") is not None else "-")
-                              for r in rows)), ""]
+                      markdown_table(("variant", "train tokens/s", "train peak GiB", "prefill ms"),
+                                     ((r["variant"], f"{r['train_tokens_per_s']:,.0f}", f"{r['train_peak_GiB']:.1f}",
+                                       f"{r['prefill_ms']:.1f}" if r.get("prefill_ms") is not None else "-")
+                                      for r in rows)), ""]
             if chart_dir is not None and len(rows) > 1:
                 parts += [f"![{stem} throughput]({chart_dir}/{stem}-throughput.svg)",
                           f"![{stem} memory]({chart_dir}/{stem}-memory.svg)", ""]
     parts += ["## Every results file", "",
-              _table(("file", "device", "date", "commit"),
-                     ((f"`{stem}.json`", _long_device(data), _date(data), _commits(data))
-                      for stem, data in results.items())), ""]
+              markdown_table(("file", "device", "date", "commit"),
+                             ((f"`{stem}.json`", long_device(data), date_of(data), commits_of(data))
+                              for stem, data in results.items())), ""]
     return "\n".join(parts)
 
 
@@ -467,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         stale = [path for path, text in wanted.items() if not path.exists() or path.read_text() != text]
         if args.check:
             for path in stale:
-                print(f"{path.relative_to(ROOT)} is out of date: run python benchmarks/report.py --write",
+                print(f"{path.relative_to(ROOT)} is out of date: run python -m tools.report --write",
                       file=sys.stderr)
             return 1 if stale else 0
         for path in stale:

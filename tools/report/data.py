@@ -1,8 +1,8 @@
-"""The results files as data for ``report.py``: loading, device and commit cells, table formatting, the model
-names and which variants the README's headline shows.
+"""The results files as data for the report (:mod:`tools.report.generate`): loading, device and commit cells,
+table formatting, the model names and which variants the README's headline shows.
 
 Example:
-    >>> _k(71400.0), _table(["a", "b"], [[1, 2]]).splitlines()[-1]
+    >>> thousands(71400.0), markdown_table(["a", "b"], [[1, 2]]).splitlines()[-1]
     ('71.4k', '| 1 | 2 |')
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -25,74 +25,74 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
 
 
-def _env(data: dict) -> dict:
+def env_of(data: dict) -> dict:
     return data.get("environment") or {}
 
 
-def _device(data: dict) -> str:
-    env = _env(data)
+def device_of(data: dict) -> str:
+    env = env_of(data)
     return str(env.get("device") or data.get("device_name") or data.get("machine") or data.get("device") or "?")
 
 
-def _gpus(data: dict) -> int:
+def gpu_count(data: dict) -> int:
     """How many GPUs the run used (``environment.world_size``; 1 when not recorded)."""
-    return int(_env(data).get("world_size") or 1)
+    return int(env_of(data).get("world_size") or 1)
 
 
-def _short_device(data: dict, gpus: int | None = None) -> str:
-    name = _device(data)
-    gpus = _gpus(data) if gpus is None else gpus
+def short_device(data: dict, gpus: int | None = None) -> str:
+    name = device_of(data)
+    gpus = gpu_count(data) if gpus is None else gpus
     for short in ("H100", "H200"):
         if short in name:
             return f"{gpus}x {short}" if gpus > 1 else short
     return "CPU" if name in ("cpu", "x86_64", "?") or data.get("device") == "cpu" else name
 
 
-def _long_device(data: dict, gpus: int | None = None) -> str:
-    gpus = _gpus(data) if gpus is None else gpus
-    return f"{gpus}x {_device(data)}" if gpus > 1 else _device(data)
+def long_device(data: dict, gpus: int | None = None) -> str:
+    gpus = gpu_count(data) if gpus is None else gpus
+    return f"{gpus}x {device_of(data)}" if gpus > 1 else device_of(data)
 
 
-def _date(data: dict) -> str:
-    return str(_env(data).get("date") or data.get("date") or "?")[:10]
+def date_of(data: dict) -> str:
+    return str(env_of(data).get("date") or data.get("date") or "?")[:10]
 
 
-def _commit(data: dict) -> str:
-    return str(data.get("commit") or _env(data).get("commit") or "?")
+def commit_of(data: dict) -> str:
+    return str(data.get("commit") or env_of(data).get("commit") or "?")
 
 
-def _commits(data: dict) -> str:
+def commits_of(data: dict) -> str:
     """The commit of a file, or of each of its runs."""
     runs = data.get("runs")
     if not runs:
-        return f"`{_commit(data)}`"
+        return f"`{commit_of(data)}`"
     if isinstance(runs, dict):  # distributed_bench: one run per GPU count
-        return ", ".join(f"`{_commit(run)}` ({gpus} GPU{'s' if gpus != '1' else ''})" for gpus, run in runs.items())
-    return ", ".join(f"`{_commit(run)}` ({run['name']})" for run in runs)
+        return ", ".join(f"`{commit_of(run)}` ({gpus} GPU{'s' if gpus != '1' else ''})" for gpus, run in runs.items())
+    return ", ".join(f"`{commit_of(run)}` ({run['name']})" for run in runs)
 
 
-def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+def markdown_table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
     header = list(header)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def _k(tokens_per_s: float) -> str:
+def thousands(tokens_per_s: float) -> str:
     return f"{tokens_per_s / 1000:.1f}k"
 
 
-def _rows(data: dict, **match: object) -> dict:
+def row_where(data: dict, **match: object) -> dict:
     return next(row for row in data["rows"] if all(row.get(key) == value for key, value in match.items()))
 
 
-_MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
+MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
                 "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
                 "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
 
@@ -101,19 +101,19 @@ _MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B
 _FULL_DEPTH = {"qwen3-30b-a3b-4l": 48, "mixtral-8x7b-2l": 32, "gemma-3-4b-6l": 34, "llama-3.1-8b-4l": 32}
 
 
-def _model_name(data: dict) -> str:
+def model_name(data: dict) -> str:
     """The shape's name, with the depth a run set (``distributed_bench.py --layers``) instead of the default's."""
     model = data.get("model", "?")
     runs = list((data.get("runs") or {}).values())
     layers = data.get("layers") or next((run.get("layers") for run in runs if run.get("layers")), None)
-    name = _MODEL_NAMES.get(model, model)
+    name = MODEL_NAMES.get(model, model)
     if not layers:
         return name
     depth = "full depth" if _FULL_DEPTH.get(model) == layers else f"{layers} layers"
     return re.sub(r" \(\d+ layers\)$", "", name) + f" ({depth})"
 
 
-def _fsdp_setup(data: dict) -> str:
+def fsdp_setup(data: dict) -> str:
     """The FSDP2 set-up a distributed_bench run departs from the default in (optimizer, layers per unit), or ""."""
     config = str(data.get("config") or next(iter((data.get("runs") or {}).values()), {}).get("config", ""))
     notes = ["foreach AdamW"] if "AdamW(foreach" in config else []
@@ -124,33 +124,33 @@ def _fsdp_setup(data: dict) -> str:
 
 
 # models_bench results in the headline: (variant, baseline) pairs per file; the issue's targets are set this way.
-_MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
+MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
                     "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
 
 
 # Results on the benchmarks page only: the README's table keeps one row per question (the others are repeats, the
 # other optimizer, or a smaller GPU count of a shape measured on more).
-_PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1xh200",
+PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1xh200",
               "distributed-scaling-foreach-4xh200", "distributed-4-layers-per-unit-foreach-2xh200",
               "distributed-llama-3.1-8b-2xh200"}
 
 
 # distributed_bench variants in the headline, with the baseline each is compared with.
-_DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
+DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
                          ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"))
 
 
-def _trainer_numbers(data: dict) -> tuple[dict[str, float], dict[str, float]]:
+def trainer_numbers(data: dict) -> tuple[dict[str, float], dict[str, float]]:
     """Steady tokens/s and peak GiB (per GPU) of every variant of a trainer_bench file that did not fail."""
     r = {name: v for name, v in data["results"].items() if "error" not in v}
     return ({name: v["steady_tokens_per_second"] for name, v in r.items()},
             {name: v["peak_memory_gib"] for name, v in r.items()})
 
 
-def _per_gpu(gpus: int) -> str:
+def per_gpu_suffix(gpus: int) -> str:
     return "/GPU" if gpus > 1 else ""
 
 
-def _gpu_counts(data: dict) -> list[str]:
+def gpu_counts(data: dict) -> list[str]:
     """The GPU counts of a distributed_bench scaling file (its ``runs`` keys), smallest first."""
     return sorted(data.get("runs") or {}, key=int)

@@ -1,23 +1,24 @@
-"""The per-benchmark sections of the benchmarks page (Trainer, distributed, models, decoding) for ``report.py``."""
+"""The per-benchmark sections of the benchmarks page (Trainer, distributed, models, decoding), for
+:mod:`tools.report.generate`."""
 
 from __future__ import annotations
 
 import re
 
-from _report_data import _MODEL_NAMES
-from _report_data import _commit
-from _report_data import _device
-from _report_data import _fsdp_setup
-from _report_data import _gpu_counts
-from _report_data import _gpus
-from _report_data import _long_device
-from _report_data import _model_name
-from _report_data import _short_device
-from _report_data import _table
+from tools.report.data import MODEL_NAMES
+from tools.report.data import commit_of
+from tools.report.data import device_of
+from tools.report.data import fsdp_setup
+from tools.report.data import gpu_count
+from tools.report.data import gpu_counts
+from tools.report.data import long_device
+from tools.report.data import markdown_table
+from tools.report.data import model_name
+from tools.report.data import short_device
 
 
-def _trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    gpus = _gpus(data)
+def trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
+    gpus = gpu_count(data)
     rows = []
     for name, v in data["results"].items():
         if "error" in v:
@@ -28,17 +29,17 @@ def _trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
     summary = {key: value for key, value in data.get("summary", {}).items() if value is not None}
     where = f"one `torchrun` of {gpus} processes per variant" if gpus > 1 else "one process per variant"
     shape = data.get("shape", "Qwen3-0.6B").split(",")[0]
-    parts = [f"## Trainer, {shape}, {_short_device(data)} (`{stem}.json`)", "",
+    parts = [f"## Trainer, {shape}, {short_device(data)} (`{stem}.json`)", "",
              f"{data.get('shape', '')}; {data.get('steps')} steps, {data.get('warmup_steps')} warm-up; "
-             f"{_long_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/trainer_bench.py`, {where}. "
+             f"{long_device(data)}, commit `{commit_of(data)}`. `benchmarks/cuda/trainer_bench.py`, {where}. "
              "Steady tokens/s leaves out the warm-up steps (and compilation); the Trainer's own figure "
              "includes them." + (" Tokens/s count every GPU; peak memory is the largest of the GPUs'."
                                  if gpus > 1 else ""),
-             "", _table(("variant", "steady tokens/s", "Trainer tokens/s", "peak GiB" + (" per GPU" if gpus > 1
-                                                                                            else ""), "error"),
-                        rows), ""]
+             "", markdown_table(("variant", "steady tokens/s", "Trainer tokens/s",
+                                 "peak GiB" + (" per GPU" if gpus > 1 else ""), "error"), rows), ""]
     if summary:
-        parts += [_table(("ratio", "value"), ((f"`{key}`", f"{value:.3g}") for key, value in summary.items())), ""]
+        parts += [markdown_table(("ratio", "value"),
+                                 ((f"`{key}`", f"{value:.3g}") for key, value in summary.items())), ""]
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts
@@ -51,15 +52,15 @@ def _loss_diff(data: dict, variant: str) -> str:
     return f"{ratio['max_rel_loss_diff']:.1e} ({ratio['vs']})"
 
 
-def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    model = _model_name(data)
-    setup = _fsdp_setup(data)
-    counts = _gpu_counts(data)
-    runs = [(int(n), data["runs"][n]) for n in counts] or [(_gpus(data), data)]
-    where = " and ".join(str(gpus) for gpus, _ in runs) + f" {_short_device(data, 1)}s"
+def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
+    model = model_name(data)
+    setup = fsdp_setup(data)
+    counts = gpu_counts(data)
+    runs = [(int(n), data["runs"][n]) for n in counts] or [(gpu_count(data), data)]
+    where = " and ".join(str(gpus) for gpus, _ in runs) + f" {short_device(data, 1)}s"
     parts = [f"## FSDP2 training, {model}{', ' + setup if setup else ''}, {where} (`{stem}.json`)", "",
              f"{data.get('config', '')}; {data.get('steps_timed')} timed steps after {data.get('steps_warmup')} "
-             f"warm-up; {_device(data)}, commit `{_commit(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
+             f"warm-up; {device_of(data)}, commit `{commit_of(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
              "`torchrun` job per GPU count running the variants one after the other from the same seeds and data. "
              "Tokens/s count every GPU; peak memory is per GPU; the loss "
              "column is the largest relative difference from the baseline's loss (mean over ranks) at any step.", ""]
@@ -78,14 +79,14 @@ def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[s
     if not any(row[5] != "-" for row in table):  # no compile variant: drop its column
         header.pop(5)
         table = [row[:5] + row[6:] for row in table]
-    parts += [_table(header, table), ""]
+    parts += [markdown_table(header, table), ""]
     scaling = data.get("scaling") or {}
     if scaling and len(counts) > 1:
         parts += [f"Tokens/s per GPU, and their ratio to the {counts[0]}-GPU figure (scaling efficiency):", "",
-                  _table(["variant", *(f"{n} GPU{'s' if n != '1' else ''}" for n in counts), "efficiency"],
-                         ((f"`{name}`", *(f"{s['tokens_per_s_per_gpu'][n]:,}" for n in counts),
-                           ", ".join(f"{s['efficiency'][n]:.2f} ({n} GPUs)" for n in counts[1:]))
-                          for name, s in scaling.items())), ""]
+                  markdown_table(["variant", *(f"{n} GPU{'s' if n != '1' else ''}" for n in counts), "efficiency"],
+                                 ((f"`{name}`", *(f"{s['tokens_per_s_per_gpu'][n]:,}" for n in counts),
+                                   ", ".join(f"{s['efficiency'][n]:.2f} ({n} GPUs)" for n in counts[1:]))
+                                  for name, s in scaling.items())), ""]
         first, last = data["runs"][counts[0]], data["runs"][counts[-1]]
         if {"eager", "kernelize_before"} <= scaling.keys() and "kernelize_before" in last.get("ratios_vs_eager", {}):
             k_eff = scaling["kernelize_before"]["efficiency"][counts[-1]]
@@ -101,10 +102,10 @@ def _distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[s
     return parts
 
 
-def _models_title(data: dict) -> str:
+def models_title(data: dict) -> str:
     if data.get("what"):
         return str(data["what"])
-    models = dict.fromkeys(_MODEL_NAMES.get(row["model"], row["model"]) for row in data.get("rows", []))
+    models = dict.fromkeys(MODEL_NAMES.get(row["model"], row["model"]) for row in data.get("rows", []))
     return "Training, " + ", ".join(models) + ", one process per variant"
 
 
@@ -119,35 +120,37 @@ def _profile_split(profile: list[dict]) -> tuple[float, float, float]:
     return total, grouped, adamw
 
 
-def _models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
-    parts = [f"## {_models_title(data)} (`{stem}.json`)", "",
-             f"{_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}. "
+def models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
+    parts = [f"## {models_title(data)} (`{stem}.json`)", "",
+             f"{device_of(data)}, commit `{commit_of(data)}`; {data.get('config', '')}. "
              f"`benchmarks/cuda/models_bench.py`. {data.get('note', '')}".rstrip(), "",
-             _table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s",
-                     "prepare + first step s"),
-                    ((row["model"], f"`{row['variant']}`", f"{row['tokens_per_s']:,}" if row.get("tokens_per_s")
-                      else "failed: " + (row.get("error") or row.get("process_error") or "?")[:60],
-                      row.get("speed_vs_eager", "-"), row.get("speed_vs_compile", "-"),
-                      f"{row['peak_GiB']:.1f}" if row.get("peak_GiB") else "-",
-                      f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-",
-                      f"{row['to_first_step_s']:.1f}" if row.get("to_first_step_s") is not None else "-")
-                     for row in data["rows"])), ""]
+             markdown_table(("model", "variant", "tokens/s", "vs eager", "vs compile", "peak GiB", "first step s",
+                             "prepare + first step s"),
+                            ((row["model"], f"`{row['variant']}`",
+                              f"{row['tokens_per_s']:,}" if row.get("tokens_per_s")
+                              else "failed: " + (row.get("error") or row.get("process_error") or "?")[:60],
+                              row.get("speed_vs_eager", "-"), row.get("speed_vs_compile", "-"),
+                              f"{row['peak_GiB']:.1f}" if row.get("peak_GiB") else "-",
+                              f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-",
+                              f"{row['to_first_step_s']:.1f}" if row.get("to_first_step_s") is not None else "-")
+                             for row in data["rows"])), ""]
     # Only where there are expert GEMMs to set apart (MoE shapes).
     profiled = [row for row in data["rows"] if row.get("profile_one_step")
                 and any("GroupProblem" in k["kernel"] for k in row["profile_one_step"])]
     if profiled:
         split = {id(row): _profile_split(row["profile_one_step"]) for row in profiled}
         parts += ["GPU time of one profiled step (ms), per kernel group:", "",
-                  _table(("model", "variant", "all kernels", "grouped expert GEMMs", "fused AdamW", "share of both"),
-                         ((row["model"], f"`{row['variant']}`", f"{total:.1f}", f"{grouped:.1f}", f"{adamw:.1f}",
-                           f"{(grouped + adamw) / total:.0%}")
-                          for row in profiled for total, grouped, adamw in [split[id(row)]])), ""]
+                  markdown_table(("model", "variant", "all kernels", "grouped expert GEMMs", "fused AdamW",
+                                  "share of both"),
+                                 ((row["model"], f"`{row['variant']}`", f"{total:.1f}", f"{grouped:.1f}",
+                                   f"{adamw:.1f}", f"{(grouped + adamw) / total:.0%}")
+                                  for row in profiled for total, grouped, adamw in [split[id(row)]])), ""]
         for model in dict.fromkeys(row["model"] for row in profiled):
             fixed = [split[id(row)] for row in profiled if row["model"] == model]
             both = [grouped + adamw for _, grouped, adamw in fixed]
             shares = [(grouped + adamw) / total for total, grouped, adamw in fixed]
             if len(both) > 1 and max(both) / min(both) < 1.1:
-                parts += [f"{_MODEL_NAMES.get(model, model)}: the grouped expert GEMMs and the fused AdamW take "
+                parts += [f"{MODEL_NAMES.get(model, model)}: the grouped expert GEMMs and the fused AdamW take "
                           f"{min(both):.0f}-{max(both):.0f} ms in every variant, {min(shares):.0%}-{max(shares):.0%} "
                           "of the step's GPU time; the variants differ in the rest.", ""]
     if chart_dir is not None:
@@ -163,13 +166,13 @@ def _vs(row: dict) -> str:
     return "-"
 
 
-def _decode_ab_section(stem: str, data: dict, bindings: dict[str, str]) -> list[str]:
+def decode_ab_section(stem: str, data: dict, bindings: dict[str, str]) -> list[str]:
     """``decode_bench.py --alternate``: both compiled variants in one process per model, per-round ratios.
 
     ``bindings`` maps a model to kernelize's report summary for ``kernelize_compile`` (``decode-h100.json``).
     """
     parts = [f"## Decoding, `torch.compile` against kernelize + compile in one process (`{stem}.json`)", "",
-             f"{data.get('what', '')}: {_device(data)}, commit `{_commit(data)}`; {data.get('config', '')}.", ""]
+             f"{data.get('what', '')}: {device_of(data)}, commit `{commit_of(data)}`; {data.get('config', '')}.", ""]
     runs: dict[tuple, list[float]] = {}
     for row in data["rows"]:
         runs.setdefault((row["model"], row["batch"], row["variant"]), []).append(row["ms_per_token"])
@@ -179,9 +182,9 @@ def _decode_ab_section(stem: str, data: dict, bindings: dict[str, str]) -> list[
     parts += _decode_ab_binding(data, bindings)
     for model, error in data.get("errors", {}).items():
         parts += [f"{model} stopped early ({error.split(';')[0]}): its finished rounds are shown.", ""]
-    parts += [_table(("cell", "kernelize + compile vs compile, per round", "median"),
-                     ((cell, ", ".join(f"{r:.2f}x" for r in result["kernelize_compile_vs_compile_per_round"]),
-                       f"{result['median']:.2f}x") for cell, result in data["summary"].items())), ""]
+    parts += [markdown_table(("cell", "kernelize + compile vs compile, per round", "median"),
+                             ((cell, ", ".join(f"{r:.2f}x" for r in result["kernelize_compile_vs_compile_per_round"]),
+                               f"{result['median']:.2f}x") for cell, result in data["summary"].items())), ""]
     return parts
 
 
@@ -203,9 +206,9 @@ def _decode_ab_binding(data: dict, bindings: dict[str, str]) -> list[str]:
     return parts
 
 
-def _decode_section(data: dict, chart_dir: str | None) -> list[str]:
-    parts = ["## Decoding (`decode-h100.json`)", "", f"{data.get('what', '')}: {_device(data)}, commit "
-             f"`{_commit(data)}`; {data.get('config', '')}.", ""]
+def decode_section(data: dict, chart_dir: str | None) -> list[str]:
+    parts = ["## Decoding (`decode-h100.json`)", "", f"{data.get('what', '')}: {device_of(data)}, commit "
+             f"`{commit_of(data)}`; {data.get('config', '')}.", ""]
     spreads = [max(r) / min(r) - 1 for r in (row.get("ms_per_token_rounds", ()) for row in data["rows"]) if len(r) > 1]
     if spreads:
         parts += [f"Decoding at these sizes is host-bound: processes of one variant differ by up to "
@@ -218,10 +221,11 @@ def _decode_section(data: dict, chart_dir: str | None) -> list[str]:
                           f"{op['cpu_self_ms'] / op['calls']:.2f} ms" for row, op in lookups)
         parts += ["Dynamo's guard check per compiled decoding step (`TorchDynamo Cache Lookup`, profiled in the first "
                   f"process): {cells}.", ""]
-    parts += [_table(("model", "cache", "batch", "variant", "ms/token", "each process", "vs baseline"),
-                     ((row["model"], row["cache"], row["batch"], f"`{row['variant']}`", f"{row['ms_per_token']:.2f}",
-                       ", ".join(f"{ms:.2f}" for ms in row.get("ms_per_token_rounds", ())),
-                       _vs(row)) for row in data["rows"])), ""]
+    parts += [markdown_table(("model", "cache", "batch", "variant", "ms/token", "each process", "vs baseline"),
+                             ((row["model"], row["cache"], row["batch"], f"`{row['variant']}`",
+                               f"{row['ms_per_token']:.2f}",
+                               ", ".join(f"{ms:.2f}" for ms in row.get("ms_per_token_rounds", ())), _vs(row))
+                              for row in data["rows"])), ""]
     if chart_dir is not None:
         parts += [f"![decode]({chart_dir}/decode-h100.svg)", ""]
     return parts

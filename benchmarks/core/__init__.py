@@ -1,0 +1,1 @@
+"""The cost of kernels-core itself (discovery, kernelize), on any machine."""
