@@ -56,7 +56,7 @@ def markov_chain(vocab: int, branching: int, seed: int) -> tuple[torch.Tensor, t
 
     Example:
         >>> successors, probs = markov_chain(16, 3, seed=0)
-        >>> successors.shape, bool(torch.allclose(probs.sum(-1), torch.ones(16)))
+        >>> successors.shape, bool(torch.allclose(probs.sum(-1), torch.ones(16, dtype=probs.dtype)))
         (torch.Size([16, 3]), True)
     """
     gen = torch.Generator().manual_seed(seed)
