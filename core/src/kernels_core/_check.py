@@ -244,7 +244,7 @@ def check(
 
 def _cases(kind: ProvidedKind) -> tuple[tuple[ConformanceCase, ...] | None, str | None]:
     """(the kind's cases or None when it declares none, why they could not be loaded)."""
-    from ._forward import load_ref
+    from ._refs import load_ref
 
     if kind.kind.conformance is None:
         if kind.plugin.name == "builtin":
@@ -303,7 +303,7 @@ def runnable_here(spec: Any, backends: list[tuple[BackendInfo, Any]]
 
 def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: list[tuple[BackendInfo, Any]], *,
                   compile_backend: str | None) -> list[CheckResult]:
-    from ._forward import load_ref
+    from ._refs import load_ref
 
     spec = item.spec
     base = {"kernel": spec.id, "plugin": item.plugin.name, "kind": spec.kind}
@@ -364,9 +364,6 @@ def _register(fn: Callable[..., Any]) -> str:
 
 
 def _unregister(ref: str) -> None:
-    from ._forward import _REF_CACHE
-
-    _REF_CACHE.pop(ref, None)
     module = sys.modules.get(_IMPLS)
     if module is not None:
         module.__dict__.pop(ref.partition(":")[2], None)
@@ -440,8 +437,8 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
          dtype_name: str, base: dict[str, str], *, compile_backend: str | None) -> CheckResult:
     import torch
 
-    from ._forward import load_ref
     from ._kinds._context import MatchContext
+    from ._refs import load_ref
     from ._types import Match
     from .testing import tolerance
 

@@ -15,7 +15,6 @@ does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import itertools
 import logging
@@ -30,6 +29,7 @@ from typing import ClassVar
 
 from ._plugin_info import PluginInfo
 from ._plugin_info import warn_fallback
+from ._refs import load_ref
 from ._types import Match
 
 
@@ -41,9 +41,6 @@ __all__ = [
     "KernelForward",
     "ReroutedForward",
     "decorator_chain_problem",
-    "load_ref",
-    "locate_problem",
-    "ref_problem",
     "rewrap",
 ]
 
@@ -85,92 +82,13 @@ class BindingRecord:
     bound: dict[str, object] = field(default_factory=dict)
 
 
-# Process-wide caches of objects that never change once made: imported callables, and the synthetic modules whose
-# globals rerouted forwards run with (one per distinct set of overrides, shared so that torch.compile sees one
-# globals dict per class forward). Synthetic module names come from a counter and are registered under a lock:
-# two threads building at once must never give two namespaces one name in ``sys.modules``.
-_REF_CACHE: dict[str, object] = {}
+# A process-wide cache of objects that never change once made: the synthetic modules whose globals rerouted forwards
+# run with (one per distinct set of overrides, shared so that torch.compile sees one globals dict per class forward).
+# Synthetic module names come from a counter and are registered under a lock: two threads building at once must
+# never give two namespaces one name in ``sys.modules``.
 _REROUTED_NAMESPACES: dict[tuple[object, ...], dict[str, Any]] = {}
 _REROUTED_LOCK = threading.Lock()
 _SYNTHETIC_NUMBERS = itertools.count()
-
-
-def load_ref(ref: str) -> Any:
-    """Import ``package.module:attr.path`` and return the attribute (cached)."""
-    if ref not in _REF_CACHE:
-        module_name, _, attr_path = ref.partition(":")
-        obj: object = importlib.import_module(module_name)
-        for part in attr_path.split("."):
-            obj = getattr(obj, part)
-        _REF_CACHE[ref] = obj
-    return _REF_CACHE[ref]
-
-
-def ref_problem(ref: str) -> str | None:
-    """Why ``ref`` cannot be loaded (imported, resolved, callable), or None; importing it if needed.
-
-    Example:
-        >>> ref_problem("json:dumps") is None
-        True
-        >>> ref_problem("json:no_such_function")
-        "cannot be loaded: AttributeError: module 'json' has no attribute 'no_such_function'"
-    """
-    try:
-        obj = load_ref(ref)
-    except Exception as exc:  # noqa: BLE001 - any failure is the answer
-        return f"cannot be loaded: {type(exc).__name__}: {exc}"
-    return None if callable(obj) else f"is not callable ({type(obj).__name__})"
-
-
-def _find_spec(name: str, path: Any) -> Any:
-    # The import system's finders, asked without executing anything (editable installs use meta-path finders).
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
-        if find_spec is None:
-            continue
-        try:
-            spec = find_spec(name, path)
-        except Exception:  # noqa: BLE001 - a finder that cannot answer is no evidence either way
-            continue
-        if spec is not None:
-            return spec
-    return None
-
-
-def locate_problem(ref: str) -> str | None:
-    """Why the module of ``ref`` cannot be found, importing nothing that is not imported yet; None if found.
-
-    Only an attribute of an already imported module is checked; otherwise finding the file is enough.
-
-    Example:
-        >>> locate_problem("json:dumps") is None
-        True
-        >>> locate_problem("no_such_package_xyz.ops:f")
-        "module 'no_such_package_xyz' not found"
-    """
-    module_name, _, attr_path = ref.partition(":")
-    parts = module_name.split(".")
-    path = None
-    for i in range(len(parts)):
-        name = ".".join(parts[: i + 1])
-        module = sys.modules.get(name)
-        if module is not None:
-            path = getattr(module, "__path__", None)
-        else:
-            spec = _find_spec(name, path)
-            if spec is None:
-                return f"module {name!r} not found"
-            path = spec.submodule_search_locations
-        if path is None and i < len(parts) - 1:
-            return f"module {'.'.join(parts[: i + 2])!r} not found ({name!r} is not a package)"
-    module = sys.modules.get(module_name)
-    if module is not None:
-        obj: object = module
-        for part in attr_path.split("."):
-            if not hasattr(obj, part):
-                return f"module {module_name!r} has no attribute {attr_path!r}"
-            obj = getattr(obj, part)
-    return None
 
 
 _NOTE_PREFIX = "kernels-core: "

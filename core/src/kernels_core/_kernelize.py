@@ -23,7 +23,6 @@ from ._forward import Declared
 from ._forward import GlobalOverride
 from ._forward import KernelForward
 from ._forward import ReroutedForward
-from ._forward import load_ref
 from ._kinds._context import BINDING_ATTR
 from ._kinds._context import FOREIGN_FORWARD
 from ._kinds._context import MatchContext
@@ -36,6 +35,7 @@ from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._manager import get_plugin_manager
+from ._refs import load_ref
 from ._report import KernelizeReport
 from ._report import ReportEntry
 from ._resolve import KernelizeError

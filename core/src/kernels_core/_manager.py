@@ -22,7 +22,6 @@ import pluggy
 
 from . import _hookspecs
 from ._config import env_flag
-from ._forward import ref_problem
 from ._plugin_checks import CrossPluginChecks
 from ._plugin_info import ENV_STRICT
 from ._plugin_info import Contribution
@@ -35,6 +34,7 @@ from ._plugin_info import canonical_distribution
 from ._plugin_info import recorded_fallbacks
 from ._plugin_info import replace_info
 from ._plugin_info import warn_fallback
+from ._refs import ref_problem
 from ._types import ANY_BACKEND
 from ._types import BackendInfo
 from ._types import KernelSpec
@@ -396,7 +396,7 @@ class KernelsPluginManager(CrossPluginChecks):
         and, with ``locate_impls``, ``impl missing`` (the ``impl`` module cannot be found). Imports nothing new.
         """
         from ._check import runnable_here
-        from ._forward import locate_problem
+        from ._refs import locate_problem
 
         backends = self.backends()
         detectable = self.detectable_backends()

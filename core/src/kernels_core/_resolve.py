@@ -14,9 +14,9 @@ from functools import cache
 from importlib import metadata as importlib_metadata
 
 from ._config import KernelsConfig
-from ._forward import load_ref
 from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
+from ._refs import load_ref
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
