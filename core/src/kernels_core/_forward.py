@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
-from typing import ClassVar
 
+from ._binding import BINDING_ATTR
 from ._plugin_info import PluginInfo
 from ._plugin_info import warn_fallback
 from ._refs import load_ref
@@ -34,8 +34,6 @@ from ._types import Match
 
 
 __all__ = [
-    "MISSING",
-    "BindingRecord",
     "Declared",
     "GlobalOverride",
     "KernelForward",
@@ -45,41 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class _Missing:
-    """Marks an instance attribute that did not exist before binding (restored by deleting it)."""
-
-    _instance: ClassVar[_Missing | None] = None
-
-    def __new__(cls) -> _Missing:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __reduce__(self) -> str:
-        return "MISSING"
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING = _Missing()
-
-
-@dataclass
-class BindingRecord:
-    """Stored in a bound module's ``__dict__``: the instance attributes kernelize replaced, and by what.
-
-    ``previous`` holds what each attribute was before binding, ``bound`` what kernelize set it to: an attribute
-    that no longer holds its ``bound`` value was replaced by other code since (a wrapper), which restoring
-    ``previous`` would silently drop.
-    """
-
-    MISSING: ClassVar[_Missing] = MISSING
-    previous: dict[str, object] = field(default_factory=dict)
-    kernels: tuple[tuple[str, str], ...] = ()
-    bound: dict[str, object] = field(default_factory=dict)
 
 
 # A process-wide cache of objects that never change once made: the synthetic modules whose globals rerouted forwards
@@ -193,13 +156,10 @@ def _kernels_of(value: object) -> list[tuple[str, str]]:
 
 def _bound_kernels(module: Any) -> list[tuple[str, str]]:
     """(kernel id, what to say about it) of each kernel kernelize bound to this one module."""
-    from ._kinds._context import BINDING_ATTR
-
     record = module.__dict__.get(BINDING_ATTR)
     if record is None:
         return []
-    # Records pickled before ``bound`` existed name their kernels only.
-    found = [kernel for value in getattr(record, "bound", {}).values() for kernel in _kernels_of(value)]
+    found = [kernel for value in record.bound.values() for kernel in _kernels_of(value)]
     known = {kernel_id for kernel_id, _ in found}
     # A plugin's own binding holds other objects: the record still names its kernels.
     found.extend((kernel_id, "") for _kind, kernel_id in record.kernels if kernel_id not in known)
