@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import copy
 import functools
-import pickle
 
 import pytest
 import torch
@@ -134,17 +134,12 @@ def test_rerouted_forward_exception_names_every_kernel_and_only_the_innermost_fo
     assert 'kernels.disable = ["acme.double.global"]' in note
 
 
-def test_a_working_forward_is_unchanged_and_old_pickles_still_annotate():
+def test_a_working_forward_is_unchanged_and_a_copy_runs_the_same_kernel():
     module = Doubler()
-    forward = _kernel_forward(module, "double")
-    assert torch.equal(forward(torch.ones(2)), torch.full((2,), 2.0))
-    state = forward.__getstate__()
-    for key in ("plugin", "origin", "module_name"):
-        state.pop(key)
-    restored = KernelForward.__new__(KernelForward)
-    restored.__setstate__(state)
-    restored.impl = f"{__name__}:boom"
+    assert torch.equal(_kernel_forward(module, "double")(torch.ones(2)), torch.full((2,), 2.0))
+    # A kernel no installed plugin declares: a copy keeps what its original found instead of looking it up again.
+    clone = copy.deepcopy(_kernel_forward(module, "boom", plugin="acme", module_name="inner"))
+    assert clone.module is not module and clone.module_name == "inner"
     with pytest.raises(KeyError) as info:
-        restored(torch.ones(2))
+        clone(torch.ones(2))
     assert "'acme.double.k'" in _notes(info.value)[0]
-    assert pickle.loads(pickle.dumps(forward)).module_name == ""

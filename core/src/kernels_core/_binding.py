@@ -19,6 +19,9 @@ from typing import Any
 from typing import ClassVar
 
 from ._resolve import KernelizeError
+from .persisted import STATE_VERSION
+from .persisted import Persisted
+from .persisted import restore
 
 
 if TYPE_CHECKING:
@@ -55,8 +58,8 @@ class _Missing:
             cls._instance = super().__new__(cls)
         return cls._instance
 
-    def __reduce__(self) -> str:
-        return "MISSING"
+    def __reduce__(self) -> tuple[Any, ...]:
+        return restore, (STATE_VERSION, "MISSING")
 
     def __repr__(self) -> str:
         return "MISSING"
@@ -66,7 +69,7 @@ MISSING = _Missing()
 
 
 @dataclass
-class BindingRecord:
+class BindingRecord(Persisted):
     """Stored in a bound module's ``__dict__``: the instance attributes kernelize replaced, and by what.
 
     ``previous`` holds what each attribute was before binding (``MISSING``: it did not exist), ``bound`` what

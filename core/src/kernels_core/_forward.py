@@ -14,6 +14,8 @@ does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -27,10 +29,13 @@ from dataclasses import field
 from typing import Any
 
 from ._binding import BINDING_ATTR
+from ._binding import MISSING  # noqa: F401 - kernels-core 0.1.0 defined it here, and its pickles name it so
+from ._binding import BindingRecord  # noqa: F401 - the same
 from ._plugin_info import PluginInfo
 from ._plugin_info import warn_fallback
 from ._refs import load_ref
 from ._types import Match
+from .persisted import Persisted
 
 
 __all__ = [
@@ -268,14 +273,17 @@ def rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
     return rebuilt
 
 
-def _build_once(forward: _LazyForward) -> Callable[..., Any]:
-    if forward._fn is None:
-        forward._fn = forward._build()
+def _build_once(forward: _LazyForward) -> Callable[..., Any] | None:
+    if forward._fn is None and forward._unresolved is None:
+        try:
+            forward._fn = forward._build()
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built where a copy runs falls back
+            forward._unresolve(f"{', '.join(forward.kernel_ids)} cannot be built here: {type(exc).__name__}: {exc}")
     return forward._fn
 
 
-def _built(forward: _LazyForward) -> Callable[..., Any]:
-    """The forward's callable, built now if a copy or a load left it unbuilt.
+def _built(forward: _LazyForward) -> Callable[..., Any] | None:
+    """The forward's callable, built now if a copy or a load left it unbuilt; None if it cannot be built here.
 
     Under ``torch.compile`` the build runs outside the graph (one break, at the first compiled call after a copy):
     Dynamo cannot trace imports and function construction.
@@ -287,8 +295,25 @@ def _built(forward: _LazyForward) -> Callable[..., Any]:
     return _build_once(forward)
 
 
+def _installed(kernel_id: str, kind: str) -> tuple[str, str] | str:
+    """(impl, adapter) of kernel ``kernel_id`` of layer kind ``kind`` among the plugins installed in this process,
+    or why it is not there: how a loaded forward finds its kernels (see :mod:`kernels_core.persisted`)."""
+    from ._manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    spec = next((p.spec for p in pm.kernels() if p.spec.id == kernel_id), None)
+    if spec is None:
+        return f"{kernel_id} is not installed where the model was loaded (no installed plugin declares it)"
+    if spec.kind != kind:
+        return f"{kernel_id} is a kernel of layer kind {spec.kind!r} where the model was loaded, not of {kind!r}"
+    layer = pm.layer_kinds().get(kind)
+    if layer is None:
+        return f"layer kind {kind!r} of {kernel_id} is not installed where the model was loaded"
+    return spec.impl, layer.kind.adapter
+
+
 @dataclass(frozen=True)
-class Declared:
+class Declared(Persisted):
     """What one bound kernel serves, which every call of its forward checks against the module's parameters.
 
     ``device_type`` is the device type the parameters had when kernelize bound the kernel (``"cuda"``), or None
@@ -309,51 +334,70 @@ def _fallback_message(forward: _LazyForward, declared: Declared, cause: str) -> 
     plugin = f" of plugin {declared.plugin!r} ({declared.origin})" if declared.plugin else ""
     return (f"kernel {declared.kernel_id!r}{plugin} does not run on {forward._where()} (nor on other modules like "
             f"it): {cause}, so the module's own forward runs instead; kernels_core.get_report(model) lists every "
-            "such module. Kernelize again after converting or moving the model to choose kernels for it as it is")
+            "such module. kernels_core.kernelize(model) again chooses the kernels that serve the model as it is now")
 
 
-class _LazyForward:
-    """Shared behaviour: lazy build, pickling without the built callable, the original signature, and the
-    per-call check that the module's parameters are still in a dtype and on a device type the kernels serve."""
+class _LazyForward(Persisted):
+    """Shared behaviour: lazy build, saving kernel ids rather than code references, the original signature, and the
+    per-call check that the module's parameters are still in a dtype and on a device type the kernels serve.
 
+    Saved: the module and its name, the kernels by id (with what they declare, ``declared``) and the parameter each
+    call reads (the parameter dict of its module and its name, read afresh because accelerate's offloading and FSDP
+    put new parameter objects there; the dict itself saves the module attribute lookup). Rebuilt after a load:
+    the references to each kernel's code, the callable, why the kernels cannot run here (``_unresolved``), and
+    what each call checks: the torch dtypes every kernel declares and the ``Tensor.is_<device type>`` flag that
+    must hold (None: the device is not checked).
+    """
+
+    _transient = frozenset({"impl", "adapter", "_fn", "_scoped", "_variants", "_unresolved", "_dtypes",
+                            "_device_flag", "_preferred"})
     module: Any
+    module_name: str
+    declared: tuple[Declared, ...]
+    _probe_params: dict[str, Any] | None
+    _probe_name: str
     _fn: Callable[..., Any] | None
-    # Where the forward is bound, for error notes; class defaults keep forwards pickled without them loadable.
-    module_name: str = ""
-    # Set by ``guard``: what the kernels serve; the parameter each call reads (the parameter dict of its module and
-    # its name, read afresh because accelerate's offloading and FSDP put new parameter objects there; the dict
-    # itself saves the module attribute lookup); the torch dtypes every kernel of the forward declares; the
-    # ``Tensor.is_<device type>`` flag that must hold (None: the device is not checked). The class defaults leave
-    # forwards pickled before the check existed unchecked.
-    declared: tuple[Declared, ...] = ()
-    _probe_params: dict[str, Any] | None = None
-    _probe_name: str = ""
-    _dtypes: tuple[Any, ...] = ()
-    _device_flag: str | None = None
-    _preferred: bool = False
+    _unresolved: str | None
 
-    def guard(self, owner: Any, name: str, declared: tuple[Declared, ...]) -> None:
-        """Check ``owner``'s parameter ``name`` against ``declared`` at every call (see the module docstring).
+    def _start(self, module: Any, module_name: str) -> None:
+        self.module, self.module_name = module, module_name
+        self.declared, self._probe_params, self._probe_name = (), None, ""
+        self._fn, self._unresolved = None, None
+        self._derive()
+
+    @property
+    def kernel_ids(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def guard(self, declared: tuple[Declared, ...], probe: tuple[Any, str] | None = None) -> None:
+        """Check the kernels' ``declared`` dtypes and device type against the probe parameter (owner module, name)
+        at every call (see the module docstring); without a probe, nothing is checked.
 
         Example:
             >>> import torch
             >>> norm = torch.nn.LayerNorm(4)
             >>> forward = KernelForward(norm, kernel_id="k", kind="layer_norm", impl="x:y", adapter="x:y",
             ...                         match=Match("layer_norm", "bias"), options={})
-            >>> forward.guard(norm, "weight", (Declared("k", "p", "", ("float32",), "any"),))
+            >>> forward.guard((Declared("k", "p", "", ("float32",), "any"),), probe=(norm, "weight"))
             >>> forward.runtime_problems()
             []
             >>> _ = norm.double()
             >>> [cause for _, cause in forward.runtime_problems()]
             ["the module's parameters are float64 now, and k declares float32"]
         """
+        self.declared = tuple(declared)
+        self._probe_params, self._probe_name = (probe[0]._parameters, probe[1]) if probe is not None else (None, "")
+        self._derive()
+
+    def _derive(self) -> None:
+        """What each call checks, from ``declared`` and the probe parameter: after ``guard``, a copy or a load."""
         import torch
 
-        self.declared = tuple(declared)
-        self._probe_params, self._probe_name = owner._parameters, name
-        common = set.intersection(*(set(d.dtypes) for d in declared)) if declared else set()
+        declared = self.declared
+        # Kernels that cannot run here serve no dtype: every call runs the module's own forward.
+        common = set.intersection(*(set(d.dtypes) for d in declared)) if declared and not self._unresolved else set()
         # The parameter's dtype now first: the membership test usually ends at the first, identical, item.
-        now = owner._parameters[name].dtype
+        now = getattr((self._probe_params or {}).get(self._probe_name), "dtype", None)
         self._dtypes = tuple(sorted((getattr(torch, dtype) for dtype in common), key=lambda d: d != now))
         device_type = next((d.device_type for d in declared if d.device_type is not None), None)
         flag = f"is_{device_type}"
@@ -361,11 +405,19 @@ class _LazyForward:
         self._device_flag = flag if device_type is not None and hasattr(torch.Tensor, flag) else None
         self._preferred = any(d.preferred for d in declared)
 
+    def _unresolve(self, why: str) -> None:
+        """Mark the kernels as unable to run here (``why``): every call runs the module's own forward, or raises
+        for a preferred kernel."""
+        self._fn, self._unresolved = None, why
+        self._derive()
+
     def runtime_problems(self) -> list[tuple[Declared, str]]:
         """Each kernel of this forward that does not serve the module's parameters as they are now, with why.
 
         The same check every call makes, spelled out; empty when every kernel runs (or nothing is checked).
         """
+        if self._unresolved:
+            return [(declared, self._unresolved) for declared in self.declared]
         params = self._probe_params
         probe = params.get(self._probe_name) if params is not None else None
         if probe is None:
@@ -414,8 +466,8 @@ class _LazyForward:
 
                 raise KernelizeError(
                     f"kernel {declared.kernel_id!r}, preferred by configuration, cannot run on {self._where()}: "
-                    f"{cause}. Kernelize again after converting or moving the model (the preference then raises "
-                    f"there, or picks what serves it), or call kernels_core.unkernelize(model)")
+                    f"{cause}. Kernelize the model again as it is now (the preference then raises there, or picks "
+                    "what serves it), or call kernels_core.unkernelize(model)")
         for declared, cause in problems:
             warn_fallback(PluginInfo(name=declared.plugin, module=""), declared.kernel_id, cause,
                           _fallback_message(self, declared, cause))
@@ -423,8 +475,9 @@ class _LazyForward:
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
 
-    def _callable(self) -> Callable[..., Any]:
-        return self._fn if self._fn is not None else _built(self)
+    def _resolve(self, lookup: Callable[[str, str], tuple[str, str] | str]) -> None:
+        """Find the code of each kernel by id through ``lookup`` (``(impl, adapter)``, or why it is not there)."""
+        raise NotImplementedError
 
     def _failure_note(self, exc: BaseException) -> str:
         raise NotImplementedError
@@ -434,9 +487,9 @@ class _LazyForward:
         return f"module {name}({type(self.module).__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Once per kernelized module per step: one frame less than going through _callable(); the try costs
-        # nothing unless something raises. The check is _off_declared inlined: a dict lookup and two attribute
-        # reads (under torch.compile, guards on the parameter rather than graph code).
+        # Once per kernelized module per step: the try costs nothing unless something raises. The check is
+        # _off_declared inlined: a dict lookup and two attribute reads (under torch.compile, guards on the
+        # parameter rather than graph code).
         params = self._probe_params
         if params is not None:
             probe = params.get(self._probe_name)
@@ -444,19 +497,42 @@ class _LazyForward:
                     self._device_flag is not None and not getattr(probe, self._device_flag))):
                 return self._fall_back(args, kwargs)
         fn = self._fn
+        if fn is None:
+            fn = _built(self)
+            if fn is None:
+                return self._fall_back(args, kwargs)
         try:
-            return (fn if fn is not None else _built(self))(*args, **kwargs)
+            return fn(*args, **kwargs)
         except Exception as exc:
             _add_note(exc, self)
             raise
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_fn"] = None
-        return state
-
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        # A load: the kernels are found by id among the installed plugins. 0.1.0 pickles, which named these classes
+        # directly and saved code references and derived values as well, load the same way.
+        self.__dict__.update(module_name="", declared=(), _probe_params=None, _probe_name="")
+        self.__dict__.update({key: value for key, value in state.items() if key not in self._transient})
+        self._fn, self._unresolved = None, None
+        self._resolve(_installed)
+        self._ready()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _LazyForward:
+        # A copy in this process keeps the kernels this forward found, through whichever plugin manager kernelize
+        # used; only a load looks them up again.
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__reduce__()[2], memo))
+        clone._fn, clone._unresolved = None, self._unresolved
+        clone._resolve(self._found)
+        clone._ready()
+        return clone
+
+    def _found(self, kernel_id: str, kind: str) -> tuple[str, str] | str:
+        raise NotImplementedError
+
+    def _ready(self) -> None:
+        """After a copy or a load: what each call checks, and (rerouted forwards) the callable."""
+        self._derive()
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -470,10 +546,6 @@ class KernelForward(_LazyForward):
     Example:
         ``module.forward(x)`` calls ``adapter(module, match, impl, options)(x)``, the adapter being built once.
     """
-
-    # Class defaults: forwards pickled before these attributes existed still load and still annotate errors.
-    plugin: str = ""
-    origin: str = ""
 
     def __init__(
         self,
@@ -489,7 +561,6 @@ class KernelForward(_LazyForward):
         origin: str = "",
         module_name: str = "",
     ) -> None:
-        self.module = module
         self.kernel_id = kernel_id
         self.kind = kind
         self.impl = impl
@@ -498,11 +569,25 @@ class KernelForward(_LazyForward):
         self.options = dict(options)
         self.plugin = plugin
         self.origin = origin
-        self.module_name = module_name
-        self._fn = None
+        self._start(module, module_name)
+
+    @property
+    def kernel_ids(self) -> tuple[str, ...]:
+        return (self.kernel_id,)
 
     def _build(self) -> Callable[..., Any]:
         return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
+
+    def _resolve(self, lookup: Callable[[str, str], tuple[str, str] | str]) -> None:
+        found = lookup(self.kernel_id, self.kind)
+        if isinstance(found, str):
+            self.impl = self.adapter = ""
+            self._unresolved = found
+        else:
+            self.impl, self.adapter = found
+
+    def _found(self, kernel_id: str, kind: str) -> tuple[str, str] | str:
+        return self._unresolved or (self.impl, self.adapter)
 
     def _failure_note(self, exc: BaseException) -> str:
         frames = _frames(exc)
@@ -522,18 +607,25 @@ class KernelForward(_LazyForward):
 
 
 @dataclass(frozen=True)
-class GlobalOverride:
-    """One global function of a module's forward rerouted to a kernel (for ``target="global"`` kinds)."""
+class GlobalOverride(Persisted):
+    """One global function of a module's forward rerouted to a kernel (for ``target="global"`` kinds).
 
+    ``impl`` and ``adapter`` are not saved: a load finds them again by kernel id (empty where it cannot).
+    """
+
+    _transient = frozenset({"impl", "adapter"})
     kernel_id: str
     kind: str
     global_name: str
-    impl: str
-    adapter: str
     match: Match
     options: dict[str, object] = field(default_factory=dict)
     plugin: str = ""
     origin: str = ""
+    impl: str = ""
+    adapter: str = ""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GlobalOverride:
+        return self  # immutable, and a copy keeps the code references a load would look up again
 
 
 class ReroutedForward(_LazyForward):
@@ -549,22 +641,23 @@ class ReroutedForward(_LazyForward):
     made from which arguments are None.
     """
 
-    _scoped: tuple[Any, ...] = ()
-    _variants: dict[tuple[object, ...], Callable[..., Any]] | None = None
-
     def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...], module_name: str = "") -> None:
-        self.module = module
         self.overrides = tuple(overrides)
-        self.module_name = module_name
-        self._fn = None
+        self._scoped: tuple[Any, ...] = ()
+        self._variants: dict[tuple[object, ...], Callable[..., Any]] | None = None
+        self._start(module, module_name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The class forward runs without any of the kernels when one does not serve the parameters as they are now
         # (see _LazyForward.__call__).
         if self._probe_params is not None and self._off_declared():
             return self._fall_back(args, kwargs)
+        fn = self._fn
+        if fn is None:
+            fn = _built(self)  # builds self._scoped and self._variants too
+            if fn is None:
+                return self._fall_back(args, kwargs)
         try:
-            fn = self._callable()  # builds self._scoped and self._variants too
             if self._scoped and self._variants is not None:
                 # A list comprehension, not a generator expression: Dynamo traces those on every supported torch.
                 fn = self._variants[tuple([scoped.call_fact(args, kwargs) for scoped in self._scoped])]
@@ -587,18 +680,31 @@ class ReroutedForward(_LazyForward):
         return (f"raised in kernel {kernels}, called in place of that global function by the forward of "
                 f"{self._where()}; {_disable_hint(tuple(o.kernel_id for o in raised))}")
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_scoped": (), "_variants": None}
+    def _resolve(self, lookup: Callable[[str, str], tuple[str, str] | str]) -> None:
+        overrides, problems = [], []
+        for override in self.overrides:
+            found = lookup(override.kernel_id, override.kind)
+            if isinstance(found, str):
+                problems.append(found)
+                found = ("", "")
+            overrides.append(dataclasses.replace(override, impl=found[0], adapter=found[1]))
+        self.overrides = tuple(overrides)
+        # One rerouted forward: where one of its kernels cannot run, the class forward runs without any.
+        self._unresolved = "; ".join(dict.fromkeys(problems)) or None
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        # Rebuilt at once rather than at the first call: the first call may be traced by torch.compile, and Dynamo
+    def _found(self, kernel_id: str, kind: str) -> tuple[str, str] | str:
+        if self._unresolved:
+            return self._unresolved
+        override = next(o for o in self.overrides if o.kernel_id == kernel_id)
+        return override.impl, override.adapter
+
+    def _ready(self) -> None:
+        # Built at once rather than at the first call: the first call may be traced by torch.compile, and Dynamo
         # cannot trace the build (fullgraph would fail on a copy). The build reads only the module's class, which
         # a copy or a load has already fixed, never its half-restored state.
-        try:
-            self._fn = self._build()
-        except Exception:  # noqa: BLE001 - e.g. a kernel package missing where the model is loaded; the first
-            self._fn = None  # call rebuilds and raises there, naming what failed
+        self._scoped, self._variants = (), None
+        super()._ready()
+        _build_once(self)
 
     @property
     def kernel_ids(self) -> tuple[str, ...]:

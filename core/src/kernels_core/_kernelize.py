@@ -518,17 +518,18 @@ def _guard_forwards(plans: list[_ModulePlan], entries: list[ReportEntry], *, dev
     preferred = {(e.module, e.kernel) for e in entries if e.note == "preferred by config"}
     for plan in plans:
         forward = _bound_forward(plan.module)
+        if forward is None:
+            continue  # a plugin's own binding: its kernels run as bound
+        # Without a floating-point parameter nothing is checked per call.
         probe = _probe(plan.module)
-        if forward is None or probe is None:
-            continue  # a plugin's own binding, or nothing with a dtype: the kernels run as bound
-        owner, name, tensor = probe
+        device_type = probe[2].device.type if probe is not None and device_checked else None
         planned = [plan.forward] if plan.forward is not None else plan.globals
-        forward.guard(owner, name, tuple(
+        forward.guard(tuple(
             Declared(kernel_id=p.kernel.spec.id, plugin=p.kernel.plugin.name, origin=p.kernel.plugin.origin,
                      dtypes=p.kernel.spec.dtypes, backend=p.kernel.spec.backend,
-                     device_type=tensor.device.type if device_checked and not p.kernel.spec.portable else None,
+                     device_type=None if p.kernel.spec.portable else device_type,
                      preferred=(plan.name, p.kernel.spec.id) in preferred)
-            for p in planned))
+            for p in planned), probe=probe[:2] if probe is not None else None)
 
 
 def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], dict[str, str]]:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 
+from .persisted import Persisted
+
 
 __all__ = [
     "BackendInfo",
@@ -376,7 +378,7 @@ class Binding:
 
 
 @dataclass(frozen=True)
-class Match:
+class Match(Persisted):
     """A matcher's verdict that a module computes a layer kind's math, in one variant.
 
     Args:
