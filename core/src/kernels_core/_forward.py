@@ -1,15 +1,18 @@
-"""The per-instance forwards kernelize binds, and the record that lets unkernelize undo them exactly.
+"""The forward objects kernelize binds: a module's forward replaced by a kernel, or its class forward re-created with
+some global functions pointing at kernels.
 
-Both forwards are small picklable objects holding *references* (``module:attr`` strings) rather than functions,
-so ``copy.deepcopy``, ``torch.save``/``torch.load`` and pickling keep a kernelized model kernelized; the callable
-they dispatch to is rebuilt lazily after a copy or a load. An exception raised through one keeps its type and gains
-a note naming the kernel, its plugin, the module and the configuration line that turns the kernel off; raised by the
-model's own code instead, it names the kernels bound inside the module, nearest the failing code first.
+Both hold *references* (``module:attr`` strings) to a kernel's code rather than functions and build the callable
+they dispatch to from them, once. A copy or a load leaves it unbuilt: ``copy.deepcopy`` keeps the references, while
+a pickle saves only kernel ids, which a load looks up among the installed plugins (:mod:`kernels_core.persisted`).
+An exception raised through one keeps its type and gains a note naming the kernel, its plugin, the module and the
+configuration line that turns the kernel off; raised by the model's own code instead, it names the kernels bound
+inside the module, nearest the failing code first.
 
 Every call first checks that the kernels still serve the module as it is now: its parameters' dtype against the
 dtypes the kernels declare, and their device type against the one kernelize bound them for. A model converted or
 moved after kernelize (``model.double()``, ``.half()``, ``.cpu()``) runs the module's own forward where a kernel
-does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_report` says so.
+does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_report` says so; so does a loaded
+model whose kernels are not installed, or cannot be built, where it was loaded.
 """
 
 from __future__ import annotations
