@@ -35,8 +35,9 @@ from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._manager import get_plugin_manager
+from ._resolve import runnable_here
 from ._types import BackendInfo
-from ._types import DeviceInfo
+from ._types import ConformanceCase
 from ._types import Supports
 
 
@@ -45,10 +46,8 @@ __all__ = [
     "CheckError",
     "CheckReport",
     "CheckResult",
-    "ConformanceCase",
     "check",
-    "device_name",
-    "runnable_here",
+    "tolerance",
 ]
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -58,77 +57,26 @@ DEFAULT_COMPILE_BACKEND = "aot_eager"
 _DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
 _IMPLS = "kernels_core._check_impls"
 _COUNTER = itertools.count()
+# Relative error bounds (max |a - b| / max |b|) for comparing a kernel with the eager module. bf16 keeps 8
+# mantissa bits (eps 2^-8 = 3.9e-3) and fp16 11 (eps 9.8e-4); a kernel that reduces in another order or keeps
+# an fp32 intermediate the eager code rounds differs by a few ulps of the output, so the bounds are a few eps.
+# fp32 differences come from reduction order only.
+_TOLERANCES = {"float32": 2e-5, "float64": 1e-10, "float16": 4e-3, "bfloat16": 2e-2}
+
+
+def tolerance(dtype: Any) -> float:
+    """The relative error bound of a kernel against the eager module in ``dtype`` (a ``torch.dtype``).
+
+    Example:
+        >>> import torch
+        >>> tolerance(torch.bfloat16) > tolerance(torch.float16) > tolerance(torch.float32)
+        True
+    """
+    return _TOLERANCES[str(dtype).removeprefix("torch.")]
 
 
 class CheckError(ValueError):
     """A check names a plugin or a kernel that is not installed."""
-
-
-def device_name(device_type: str, index: int) -> str:
-    """How a tensor on this device prints its device, the name reports and listings use.
-
-    Example:
-        >>> device_name("cpu", 0), device_name("cuda", 1)
-        ('cpu', 'cuda:1')
-    """
-    return device_type if device_type == "cpu" else f"{device_type}:{index}"
-
-
-def _tensors(output: Any) -> tuple[Any, ...]:
-    """The tensors of a forward's output: itself, or the tensors of a tuple (first level)."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return (output,)
-    if isinstance(output, (tuple, list)):
-        return tuple(t for t in output if isinstance(t, torch.Tensor))
-    raise TypeError(f"forward returned {type(output).__name__}; give the case an `outputs` function")
-
-
-@dataclass(frozen=True)
-class ConformanceCase:
-    """One module of a layer kind on which every kernel of the kind must reproduce the module's own forward.
-
-    Example:
-        >>> import torch
-        >>> case = ConformanceCase("standard", "LayerNorm(37)",
-        ...                        build=lambda device, dtype: (torch.nn.LayerNorm(37).to(device, dtype), ""),
-        ...                        inputs=lambda target, gen: ((torch.randn(3, 37, generator=gen),), {}))
-        >>> case.variant
-        'standard'
-
-    Args:
-        variant: the kind's variant the module computes; the kind's matcher must report it.
-        name: shown in the check's table (``"LlamaRMSNorm(37)"``).
-        build: ``build(device, dtype) -> (root, target)``: a module tree on ``device`` in ``dtype``, and the
-            qualified name of the module of the kind inside it (``""`` for the root). The root is what the
-            matcher sees as the model (rotary sizes, configuration).
-        inputs: ``inputs(target, generator) -> (args, kwargs)`` for the target's forward, drawn from the CPU
-            ``generator`` and placed on the target's device. Floating-point tensors among the top-level
-            arguments get gradients when the kernel declares a backward.
-        outputs: ``outputs(result) -> tuple of tensors`` to compare; by default the result itself, or the
-            tensors of a returned tuple.
-        factor: the case's bound is ``factor * tolerance(dtype)``; above 1 where the kernel's rounding passes
-            through further layers before the compared outputs (a decoder layer, a whole model).
-    """
-
-    variant: str
-    name: str
-    build: Callable[[Any, Any], tuple[Any, str]]
-    inputs: Callable[[Any, Any], tuple[tuple[Any, ...], dict[str, Any]]]
-    outputs: Callable[[Any], tuple[Any, ...]] = _tensors
-    factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.variant, str) or not self.variant:
-            raise ValueError(f"conformance case {self.name!r}: variant must be a non-empty string")
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError("a conformance case needs a name")
-        for what in ("build", "inputs", "outputs"):
-            if not callable(getattr(self, what)):
-                raise ValueError(f"conformance case {self.name!r}: {what} must be callable")
-        if not isinstance(self.factor, (int, float)) or not self.factor > 0:
-            raise ValueError(f"conformance case {self.name!r}: factor {self.factor!r} must be a positive number")
 
 
 @dataclass(frozen=True)
@@ -260,45 +208,6 @@ def _cases(kind: ProvidedKind) -> tuple[tuple[ConformanceCase, ...] | None, str 
     if bad:
         return None, f"{kind.kind.conformance} returned {type(bad[0]).__name__}, expected ConformanceCase"
     return cases, None
-
-
-def runnable_here(spec: Any, backends: list[tuple[BackendInfo, Any]]
-                  ) -> tuple[str | None, DeviceInfo | None, str]:
-    """(device name, its info, why there is none) for a kernel: the device it can run on here, the first detected
-    one of its backend (the host CPU for portable kernels), or why it cannot run on this machine: no device of its
-    backend, a capability or architecture it does not support, a requirement missing.
-
-    ``kernels-core kernels`` and ``kernels-core check`` both decide with it. Imports no kernel code.
-
-    Example:
-        >>> from kernels_core import KernelSpec
-        >>> from kernels_core.testing import fresh_plugin_manager
-        >>> spec = KernelSpec(id="acme.rms_norm.k", kind="rms_norm", variants=("standard",), backend="acme",
-        ...                   impl="kernels_acme.ops:rms_norm")
-        >>> runnable_here(spec, fresh_plugin_manager().backends())
-        (None, None, 'no acme device detected')
-    """
-    backend = "cpu" if spec.portable else spec.backend
-    detected = [b for b, _ in backends if b.backend == backend]
-    with_devices = [b for b in detected if b.devices]
-    if not with_devices:
-        reasons = "; ".join(b.reason for b in detected if b.reason)
-        return None, None, f"no {backend} device detected" + (f" ({reasons})" if reasons else "")
-    info = with_devices[0]
-    device = info.devices[0]
-    name = device_name(info.device_type, device.index)
-    if spec.capability is not None and not spec.portable:
-        if device.capability is None or not spec.capability.contains(device.capability):
-            return None, None, f"{name} has capability {device.capability}, the kernel needs {spec.capability}"
-    if spec.archs and not spec.portable and device.arch not in spec.archs:
-        return None, None, f"{name} is {device.arch}, the kernel needs one of {list(spec.archs)}"
-    from ._resolve import _requirement_problem
-
-    for requirement in spec.requires:
-        problem = _requirement_problem(requirement)
-        if problem:
-            return None, None, problem
-    return name, device, ""
 
 
 def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: list[tuple[BackendInfo, Any]], *,
@@ -440,7 +349,6 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
     from ._kinds._context import MatchContext
     from ._refs import load_ref
     from ._types import Match
-    from .testing import tolerance
 
     label = f"{case.variant}: {case.name}" + (f" [compiled, {compile_backend}]" if compile_backend else "")
     dtype = getattr(torch, dtype_name)

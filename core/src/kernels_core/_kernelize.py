@@ -21,7 +21,6 @@ from ._binding import check_untouched
 from ._binding import instance_override
 from ._binding import transaction
 from ._binding import unbind
-from ._check import device_name
 from ._config import KernelsConfig
 from ._config import load_config
 from ._config_check import check_config
@@ -49,6 +48,7 @@ from ._types import Decline
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
+from ._types import device_name
 from ._verified import warn_if_verified
 from ._verify import KernelChecks
 from ._verify import PluginFaults

@@ -395,8 +395,8 @@ class KernelsPluginManager(CrossPluginChecks):
         requirement is not met: what ``kernels-core check`` skips it for), ``fell back`` (recorded in this process)
         and, with ``locate_impls``, ``impl missing`` (the ``impl`` module cannot be found). Imports nothing new.
         """
-        from ._check import runnable_here
         from ._refs import locate_problem
+        from ._resolve import runnable_here
 
         backends = self.backends()
         detectable = self.detectable_backends()

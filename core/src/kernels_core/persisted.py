@@ -68,10 +68,8 @@ def restore(version: int, name: str) -> object:
     Raises ``pickle.UnpicklingError`` for a state version newer than this kernels-core reads, saying what to do.
     """
     if not isinstance(version, int) or not 1 <= version <= STATE_VERSION or name not in _TYPES:
-        from . import __version__
-
         raise pickle.UnpicklingError(
-            f"this model holds kernels-core state {name!r} of version {version!r}; kernels-core {__version__} reads "
+            f"this model holds kernels-core state {name!r} of version {version!r}; this kernels-core reads "
             f"versions up to {STATE_VERSION}. Install the kernels-core release that saved it, or call "
             "kernels_core.unkernelize(model) before saving it and kernels_core.kernelize(model) after loading it")
     found = load_ref(_TYPES[name])
