@@ -171,7 +171,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
           ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str]]:
     kinds = pm.layer_kinds()
     # Every name in the configuration is checked against what pm has: undeclared options raise, other names
-    # (kinds, kernels, plugins, backends) warn, or raise under strict configuration, naming their source.
+    # (kinds, kernels, plugins, backends) warn, naming their source.
     check_config(config, pm)
     backends = pm.backends()
     resolver = Resolver(pm, config, mode)
@@ -384,24 +384,24 @@ def kernelize(
             not have the module's shape, dtype or device. A kind with no kernel for the backend at all, a kind or
             kernel disabled by configuration, a declined module (its math differs), a module left alone because
             other code replaced its forward, and a module covered by an enclosing module's kernel are reported,
-            never fatal. ``[kinds.<name>] strict`` applies the same rule to one kind (``false`` exempts it).
+            never fatal. ``strict = true`` in the configuration means the same; ``[kinds.<name>] strict`` applies
+            the rule to one kind (``false`` exempts it). Names in the configuration are not affected: those that
+            match nothing installed warn either way (``core/docs/configuration.md``, "Strictness").
         plugin_manager: use this manager instead of the process-wide one (tests, embedding frameworks).
 
     Raises:
         KernelizeError: an explicit request (``device``, ``strict``, a configured preference) cannot be
             honoured, binding failed, or other code replaced an attribute an earlier kernelize bound (a wrapper
             re-kernelizing would drop); the model is unchanged.
-        ConfigError: the configuration is malformed, names an option its kind does not declare, or, under
-            strict configuration, names a layer kind, kernel, plugin or backend that is not installed (otherwise
-            those warn with :class:`~kernels_core.ConfigWarning`).
+        ConfigError: the configuration is malformed or names an option its kind does not declare. A layer kind,
+            kernel, plugin or backend name that is not installed warns with :class:`~kernels_core.ConfigWarning`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"kernelize expects a torch.nn.Module, got {type(model).__name__}")
     resolved_mode = _resolve_mode(model, mode)
     cfg = load_config(config)
     if strict:
-        # The argument, not a file that may say strict = false, is what made this call strict.
-        cfg = dataclasses.replace(cfg, strict=True, origins={**cfg.origins, ("strict",): "kernelize(strict=True)"})
+        cfg = dataclasses.replace(cfg, strict=True)
     pm = plugin_manager or get_plugin_manager()
     mode_name = str(resolved_mode).removeprefix("Mode.")
     if cfg.disable:
