@@ -13,12 +13,13 @@ Example:
     >>> from kernels_core.testing import fresh_plugin_manager
     >>> report = check(["portable"], kernels=["any.silu_gated_mlp.recompute"], compile=False,
     ...                plugin_manager=fresh_plugin_manager())
-    >>> sorted({(r.device, r.dtype, r.status) for r in report.results})
+    >>> sorted({(r.device, r.dtype, str(r.status)) for r in report.results})
     [('cpu', 'bfloat16', 'pass'), ('cpu', 'float16', 'pass'), ('cpu', 'float32', 'pass')]
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import itertools
 import sys
@@ -46,11 +47,11 @@ __all__ = [
     "CheckError",
     "CheckReport",
     "CheckResult",
+    "CheckStatus",
     "check",
     "tolerance",
 ]
 
-PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 # Traces forward and backward through Dynamo and AOTAutograd as inductor would (graph breaks and untraceable
 # autograd code fail), without generating code: seconds per case on a CPU. ``inductor`` checks the generated code.
 DEFAULT_COMPILE_BACKEND = "aot_eager"
@@ -75,6 +76,25 @@ def tolerance(dtype: Any) -> float:
     return _TOLERANCES[str(dtype).removeprefix("torch.")]
 
 
+class CheckStatus(str, enum.Enum):
+    """The outcome of one row of a check; a string too, so it compares, prints and encodes as its value.
+
+    Example:
+        >>> CheckStatus.PASS == "pass", f"{CheckStatus.SKIPPED}"
+        (True, 'skipped')
+    """
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PASS, FAIL, SKIPPED = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.SKIPPED
+
+
 class CheckError(ValueError):
     """A check names a plugin or a kernel that is not installed."""
 
@@ -86,7 +106,7 @@ class CheckResult:
     kernel: str
     plugin: str
     kind: str
-    status: str
+    status: CheckStatus
     device: str | None = None
     dtype: str | None = None
     case: str | None = None
@@ -354,7 +374,7 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
     dtype = getattr(torch, dtype_name)
     bound = case.factor * tolerance(dtype)
 
-    def result(status: str, reason: str | None = None, error: float | None = None) -> CheckResult:
+    def result(status: CheckStatus, reason: str | None = None, error: float | None = None) -> CheckResult:
         return CheckResult(**base, device=device_str, dtype=dtype_name, case=label, status=status, reason=reason,
                            error=error, bound=bound if error is not None else None)
 
