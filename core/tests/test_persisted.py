@@ -182,8 +182,8 @@ def _saved_by_0_1_0(model, monkeypatch) -> bytes:
     class Pickler(pickle.Pickler):
         def reducer_override(self, obj):
             if isinstance(obj, _forward._LazyForward):
-                state = {**obj.__dict__, "_fn": None}
-                del state["_unresolved"]
+                state = {k: v for k, v in obj.__dict__.items() if k not in ("_unresolved", "_globals")}
+                state["_fn"] = None
                 if isinstance(obj, _forward.ReroutedForward):
                     state.update(_scoped=(), _variants=None)
                 return copyreg.__newobj__, (type(obj),), state

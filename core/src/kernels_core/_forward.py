@@ -281,7 +281,9 @@ def _build_once(forward: _LazyForward) -> Callable[..., Any] | None:
         try:
             forward._fn = forward._build()
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built where a copy runs falls back
-            forward._unresolve(f"{', '.join(forward.kernel_ids)} cannot be built here: {type(exc).__name__}: {exc}")
+            ids = ", ".join(d.kernel_id for d in forward.declared)
+            forward._unresolved = f"{ids} cannot be built here: {type(exc).__name__}: {exc}"
+            forward._derive()
     return forward._fn
 
 
@@ -352,8 +354,9 @@ class _LazyForward(Persisted):
     must hold (None: the device is not checked).
     """
 
-    _transient = frozenset({"impl", "adapter", "_fn", "_scoped", "_variants", "_unresolved", "_dtypes",
-                            "_device_flag", "_preferred"})
+    # 0.1.0 saved _scoped and _variants too (a rerouted forward's call-fact variants, now in its callable).
+    _transient = frozenset({"impl", "adapter", "_fn", "_globals", "_unresolved", "_dtypes", "_device_flag",
+                            "_preferred", "_scoped", "_variants"})
     module: Any
     module_name: str
     declared: tuple[Declared, ...]
@@ -367,10 +370,6 @@ class _LazyForward(Persisted):
         self.declared, self._probe_params, self._probe_name = (), None, ""
         self._fn, self._unresolved = None, None
         self._derive()
-
-    @property
-    def kernel_ids(self) -> tuple[str, ...]:
-        raise NotImplementedError
 
     def guard(self, declared: tuple[Declared, ...], probe: tuple[Any, str] | None = None) -> None:
         """Check the kernels' ``declared`` dtypes and device type against the probe parameter (owner module, name)
@@ -408,12 +407,6 @@ class _LazyForward(Persisted):
         self._device_flag = flag if device_type is not None and hasattr(torch.Tensor, flag) else None
         self._preferred = any(d.preferred for d in declared)
 
-    def _unresolve(self, why: str) -> None:
-        """Mark the kernels as unable to run here (``why``): every call runs the module's own forward, or raises
-        for a preferred kernel."""
-        self._fn, self._unresolved = None, why
-        self._derive()
-
     def runtime_problems(self) -> list[tuple[Declared, str]]:
         """Each kernel of this forward that does not serve the module's parameters as they are now, with why.
 
@@ -438,15 +431,6 @@ class _LazyForward(Persisted):
                                            f"{declared.kernel_id} (backend {declared.backend}) was bound for "
                                            f"{declared.device_type} tensors"))
         return problems
-
-    def _off_declared(self) -> bool:
-        """Whether a kernel does not serve the parameters as they are now (what each call checks inline)."""
-        params = self._probe_params
-        if params is None:
-            return False
-        probe = params.get(self._probe_name)
-        return probe is not None and (probe.dtype not in self._dtypes or (
-            self._device_flag is not None and not getattr(probe, self._device_flag)))
 
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the module's own forward, warning once per kernel and cause (or raise for a preferred kernel)."""
@@ -478,8 +462,8 @@ class _LazyForward(Persisted):
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
 
-    def _resolve(self, lookup: Callable[[str, str], tuple[str, str] | str]) -> None:
-        """Find the code of each kernel by id through ``lookup`` (``(impl, adapter)``, or why it is not there)."""
+    def _find_kernels(self) -> None:
+        """After a load: each kernel's code references, found by id among the installed plugins, or why not."""
         raise NotImplementedError
 
     def _failure_note(self, exc: BaseException) -> str:
@@ -490,9 +474,9 @@ class _LazyForward(Persisted):
         return f"module {name}({type(self.module).__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Once per kernelized module per step: the try costs nothing unless something raises. The check is
-        # _off_declared inlined: a dict lookup and two attribute reads (under torch.compile, guards on the
-        # parameter rather than graph code).
+        # Once per kernelized module per step: the try costs nothing unless something raises. The check is a dict
+        # lookup and two attribute reads (under torch.compile, guards on the parameter rather than graph code);
+        # for a rerouted forward, one kernel that does not serve the parameters runs the class forward without any.
         params = self._probe_params
         if params is not None:
             probe = params.get(self._probe_name)
@@ -516,7 +500,7 @@ class _LazyForward(Persisted):
         self.__dict__.update(module_name="", declared=(), _probe_params=None, _probe_name="")
         self.__dict__.update({key: value for key, value in state.items() if key not in self._transient})
         self._fn, self._unresolved = None, None
-        self._resolve(_installed)
+        self._find_kernels()
         self._ready()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _LazyForward:
@@ -525,13 +509,11 @@ class _LazyForward(Persisted):
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         clone.__dict__.update(copy.deepcopy(self.__reduce__()[2], memo))
+        # A kernel forward's code references come along here; a rerouted forward's overrides copy as themselves.
+        clone.__dict__.update({key: getattr(self, key) for key in ("impl", "adapter") if key in self.__dict__})
         clone._fn, clone._unresolved = None, self._unresolved
-        clone._resolve(self._found)
         clone._ready()
         return clone
-
-    def _found(self, kernel_id: str, kind: str) -> tuple[str, str] | str:
-        raise NotImplementedError
 
     def _ready(self) -> None:
         """After a copy or a load: what each call checks, and (rerouted forwards) the callable."""
@@ -574,23 +556,13 @@ class KernelForward(_LazyForward):
         self.origin = origin
         self._start(module, module_name)
 
-    @property
-    def kernel_ids(self) -> tuple[str, ...]:
-        return (self.kernel_id,)
-
     def _build(self) -> Callable[..., Any]:
         return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
 
-    def _resolve(self, lookup: Callable[[str, str], tuple[str, str] | str]) -> None:
-        found = lookup(self.kernel_id, self.kind)
-        if isinstance(found, str):
-            self.impl = self.adapter = ""
-            self._unresolved = found
-        else:
-            self.impl, self.adapter = found
-
-    def _found(self, kernel_id: str, kind: str) -> tuple[str, str] | str:
-        return self._unresolved or (self.impl, self.adapter)
+    def _find_kernels(self) -> None:
+        found = _installed(self.kernel_id, self.kind)
+        self.impl, self.adapter = ("", "") if isinstance(found, str) else found
+        self._unresolved = found if isinstance(found, str) else None
 
     def _failure_note(self, exc: BaseException) -> str:
         frames = _frames(exc)
@@ -646,33 +618,12 @@ class ReroutedForward(_LazyForward):
 
     def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...], module_name: str = "") -> None:
         self.overrides = tuple(overrides)
-        self._scoped: tuple[Any, ...] = ()
-        self._variants: dict[tuple[object, ...], Callable[..., Any]] | None = None
         self._start(module, module_name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The class forward runs without any of the kernels when one does not serve the parameters as they are now
-        # (see _LazyForward.__call__).
-        if self._probe_params is not None and self._off_declared():
-            return self._fall_back(args, kwargs)
-        fn = self._fn
-        if fn is None:
-            fn = _built(self)  # builds self._scoped and self._variants too
-            if fn is None:
-                return self._fall_back(args, kwargs)
-        try:
-            if self._scoped and self._variants is not None:
-                # A list comprehension, not a generator expression: Dynamo traces those on every supported torch.
-                fn = self._variants[tuple([scoped.call_fact(args, kwargs) for scoped in self._scoped])]
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            _add_note(exc, self)
-            raise
 
     def _failure_note(self, exc: BaseException) -> str:
         # The class forward runs here too: the exception may come from a kernel or from the model's own code.
         frames = _frames(exc)
-        namespace = inspect.unwrap(self._fn.__func__).__globals__ if self._fn is not None else {}
+        namespace = self.__dict__.get("_globals", {})
         raised = [o for o in self.overrides
                   if _ran(frames, _codes(_loaded(o.impl), namespace.get(o.global_name)))]
         if not raised:
@@ -683,29 +634,17 @@ class ReroutedForward(_LazyForward):
         return (f"raised in kernel {kernels}, called in place of that global function by the forward of "
                 f"{self._where()}; {_disable_hint(tuple(o.kernel_id for o in raised))}")
 
-    def _resolve(self, lookup: Callable[[str, str], tuple[str, str] | str]) -> None:
-        overrides, problems = [], []
-        for override in self.overrides:
-            found = lookup(override.kernel_id, override.kind)
-            if isinstance(found, str):
-                problems.append(found)
-                found = ("", "")
-            overrides.append(dataclasses.replace(override, impl=found[0], adapter=found[1]))
-        self.overrides = tuple(overrides)
+    def _find_kernels(self) -> None:
+        found = [_installed(o.kernel_id, o.kind) for o in self.overrides]
+        self.overrides = tuple(o if isinstance(f, str) else dataclasses.replace(o, impl=f[0], adapter=f[1])
+                               for o, f in zip(self.overrides, found, strict=True))
         # One rerouted forward: where one of its kernels cannot run, the class forward runs without any.
-        self._unresolved = "; ".join(dict.fromkeys(problems)) or None
-
-    def _found(self, kernel_id: str, kind: str) -> tuple[str, str] | str:
-        if self._unresolved:
-            return self._unresolved
-        override = next(o for o in self.overrides if o.kernel_id == kernel_id)
-        return override.impl, override.adapter
+        self._unresolved = "; ".join(dict.fromkeys(f for f in found if isinstance(f, str))) or None
 
     def _ready(self) -> None:
         # Built at once rather than at the first call: the first call may be traced by torch.compile, and Dynamo
         # cannot trace the build (fullgraph would fail on a copy). The build reads only the module's class, which
         # a copy or a load has already fixed, never its half-restored state.
-        self._scoped, self._variants = (), None
         super()._ready()
         _build_once(self)
 
@@ -740,8 +679,15 @@ class ReroutedForward(_LazyForward):
             rerouted.__doc__ = base.__doc__
             # Decorators (transformers wraps model forwards in capture_outputs and the like) keep running around it.
             variants[facts] = rewrap(decorated, rerouted).__get__(self.module, type(self.module))
-        self._scoped, self._variants = scoped, variants
-        return next(iter(variants.values()))
+        self._globals = namespace
+        if not scoped:
+            return variants[()]
+
+        def by_call(*args: Any, **kwargs: Any) -> Any:
+            # A list comprehension, not a generator expression: Dynamo traces those on every supported torch.
+            return variants[tuple([replacement.call_fact(args, kwargs) for replacement in scoped])](*args, **kwargs)
+
+        return by_call
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"
