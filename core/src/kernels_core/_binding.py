@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import ClassVar
 
 from ._resolve import KernelizeError
 from .persisted import STATE_VERSION
@@ -33,7 +32,6 @@ __all__ = [
     "MISSING",
     "BindingRecord",
     "Changes",
-    "accelerate_hooked",
     "bind",
     "check_untouched",
     "forward_slot",
@@ -49,14 +47,8 @@ FOREIGN_FORWARD = "the instance forward was already replaced by other code"
 
 
 class _Missing:
-    """Marks an instance attribute that did not exist before binding (restored by deleting it)."""
-
-    _instance: ClassVar[_Missing | None] = None
-
-    def __new__(cls) -> _Missing:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """Marks an instance attribute that did not exist before binding (restored by deleting it). One instance: a
+    pickle or a copy names it, and :func:`~kernels_core.persisted.restore` returns it."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         return restore, (STATE_VERSION, "MISSING")
@@ -82,15 +74,11 @@ class BindingRecord(Persisted):
     bound: dict[str, object] = field(default_factory=dict)
 
 
-def accelerate_hooked(module: nn.Module) -> bool:
-    """Whether accelerate's ``add_hook_to_module`` wrapped this instance (the class forward is in ``_old_forward``)."""
-    namespace = module.__dict__
-    return "_hf_hook" in namespace and "_old_forward" in namespace
-
-
 def forward_slot(module: nn.Module) -> str:
-    """The instance attribute holding the module's own math: ``_old_forward`` under accelerate's hooks."""
-    return "_old_forward" if accelerate_hooked(module) else "forward"
+    """The instance attribute holding the module's own math: ``_old_forward`` where accelerate's
+    ``add_hook_to_module`` wrapped the instance, else ``forward``."""
+    namespace = module.__dict__
+    return "_old_forward" if "_hf_hook" in namespace and "_old_forward" in namespace else "forward"
 
 
 def instance_override(module: nn.Module) -> object | None:
@@ -153,20 +141,7 @@ class Changes:
 @contextlib.contextmanager
 def transaction() -> Iterator[Changes]:
     """Yields :class:`Changes`; if the block raises (anything, ``KeyboardInterrupt`` included), every change made
-    through it is undone before the exception propagates, so the model is exactly as it was.
-
-    Example:
-        >>> import torch
-        >>> layer = torch.nn.Linear(2, 2)
-        >>> try:
-        ...     with transaction() as changes:
-        ...         changes.set(layer.__dict__, {"forward": print})
-        ...         raise RuntimeError("a later binding failed")
-        ... except RuntimeError:
-        ...     pass
-        >>> "forward" in layer.__dict__
-        False
-    """
+    through it is undone before the exception propagates, so the model is exactly as it was."""
     changes = Changes()
     try:
         yield changes

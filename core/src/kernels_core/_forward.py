@@ -346,12 +346,10 @@ class _LazyForward(Persisted):
     """Shared behaviour: lazy build, saving kernel ids rather than code references, the original signature, and the
     per-call check that the module's parameters are still in a dtype and on a device type the kernels serve.
 
-    Saved: the module and its name, the kernels by id (with what they declare, ``declared``) and the parameter each
-    call reads (the parameter dict of its module and its name, read afresh because accelerate's offloading and FSDP
-    put new parameter objects there; the dict itself saves the module attribute lookup). Rebuilt after a load:
-    the references to each kernel's code, the callable, why the kernels cannot run here (``_unresolved``), and
-    what each call checks: the torch dtypes every kernel declares and the ``Tensor.is_<device type>`` flag that
-    must hold (None: the device is not checked).
+    Saved: the module, the kernels by id with what they declare, and the parameter each call reads (its module's
+    parameter dict, read afresh because accelerate's offloading and FSDP put new parameter objects there, and its
+    name). Rebuilt after a load: code references, the callable, why the kernels cannot run here (``_unresolved``),
+    the torch dtypes every kernel declares and the ``Tensor.is_<device type>`` flag that must hold (or None).
     """
 
     # 0.1.0 saved _scoped and _variants too (a rerouted forward's call-fact variants, now in its callable).

@@ -469,8 +469,9 @@ def get_report(model: nn.Module) -> KernelizeReport | None:
 
     A kernel that no longer runs where kernelize bound it shows as not applied, its id in ``fell_back`` and the
     reason in ``reason``: the model was converted to a dtype the kernel does not declare (``model.double()``) or
-    moved to another device type, so the module's own forward runs; or its binding was removed since. Modules
-    covered by such a kernel run their own forward again and say so.
+    moved to another device type, or loaded where the kernel is not installed or cannot be built, so the module's
+    own forward runs; or its binding was removed since. Modules covered by such a kernel run their own forward
+    again and say so.
 
     Example:
         >>> import torch, kernels_core

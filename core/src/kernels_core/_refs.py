@@ -1,8 +1,6 @@
-"""Lazy references: the ``package.module:attr.path`` strings by which plugins name matchers, adapters and kernels.
-
-Declarations hold references rather than objects so that listing plugins imports no kernel code. Everything in the
-core that turns a reference into its object (the plugin manager, the resolver, kernelize, the forward objects, the
-conformance checker) goes through :func:`load_ref`; :func:`locate_problem` checks one without running any code.
+"""Lazy references: the ``package.module:attr.path`` strings by which plugins name matchers, adapters and kernels,
+so that listing plugins imports no kernel code. The core loads every one through :func:`load_ref`;
+:func:`locate_problem` checks one without running any code.
 
 Example:
     >>> load_ref("json:dumps")([1])

@@ -1,27 +1,18 @@
 """What a saved kernelized model holds of kernels-core: kernel ids and a state version, never code references.
 
-A kernelized model stays kernelized through ``pickle``, ``torch.save`` / ``torch.load`` and ``copy.deepcopy``.
-Every kernels-core object in it (the bound forwards, the binding records that undo them, the report) pickles as a
-call of :func:`restore`, the one name pickles reference, with :data:`STATE_VERSION` and the object's type name,
-followed by its fields as plain data. A bound forward names each of its kernels by kernel id and layer kind
-(``cuda.rms_norm.triton``, ``rms_norm``: what the report shows), never by the module its code lives in, so a
-plugin can reorganise its code without breaking saved models.
+Every kernels-core object in a pickled or ``torch.save``d kernelized model (the bound forwards, the binding records
+that undo them, the report) pickles as a call of :func:`restore`, the one name pickles reference, with
+:data:`STATE_VERSION` and its type name, followed by its fields as plain data. A bound forward names its kernels by
+kernel id and layer kind (``cuda.rms_norm.triton``, ``rms_norm``: what the report shows), never by the module
+their code lives in, so plugins can reorganise their code without breaking saved models.
 
-Loading looks each kernel id up among the plugins installed where the model is loaded (the process-wide plugin
-manager) and rebuilds the forward from that kernel's implementation and its layer kind's adapter. A kernel that is
-not installed there, or cannot be built there, does not stop the load; it follows the rule kernelize follows:
-
-- chosen automatically: the module runs its own forward, each call, with one
-  :class:`~kernels_core.KernelFallbackWarning` per kernel and cause that names the kernel id and says to
-  kernelize again, and :func:`kernels_core.get_report` shows the entry as fallen back, with the reason;
-- named in the configuration's ``prefer`` (an explicit request): each call raises
-  :class:`~kernels_core.KernelizeError` naming the kernel id.
-
-Either way ``kernels_core.kernelize(model)`` chooses again among the kernels installed where the model now is, and
-``kernels_core.unkernelize(model)`` gives every module its own forward back. Models saved by kernels-core 0.1.0
-(before the state was versioned) load the same way: their kernels are looked up by id too.
-
-``copy.deepcopy`` keeps the kernels its original resolved, through whichever plugin manager kernelize used.
+Loading looks each kernel id up among the installed plugins (the process-wide plugin manager) and rebuilds the
+forward from that kernel's implementation and its kind's adapter. A kernel not installed or not buildable there
+does not stop the load. As in kernelize, an automatic choice falls back: the module runs its own forward, with one
+:class:`~kernels_core.KernelFallbackWarning` per kernel and cause naming the kernel id and saying to kernelize
+again, and :func:`kernels_core.get_report` shows it fell back; a kernel named in ``prefer`` raises
+:class:`~kernels_core.KernelizeError` at each call. Models saved by kernels-core 0.1.0 (before the state was
+versioned) load the same way. ``copy.deepcopy`` keeps what its original found, without looking kernels up again.
 
 Example:
     >>> import pickle, torch, kernels_core

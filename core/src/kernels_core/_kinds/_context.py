@@ -379,11 +379,8 @@ class MatchContext:
         self._probe_of_verdict: dict[int, tuple[object, Probe]] = {}
 
     def original_forward(self, module: nn.Module) -> Callable[..., Any]:
-        """The forward computing the module's math before kernels-core bound anything to it.
-
-        Under accelerate's hooks that is ``_old_forward``: probing it directly skips only the device moves, which
-        a probe built on the module's own device does not need.
-        """
+        """The forward computing the module's math before kernels-core bound anything to it (``_old_forward``
+        under accelerate's hooks: probing it directly skips only the device moves, which probes do not need)."""
         return original_forward(module)
 
     def _fsdp_units(self, module: nn.Module) -> list[nn.Module]:
