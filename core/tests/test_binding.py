@@ -11,7 +11,6 @@ from kernels_core._binding import Changes
 from kernels_core._binding import bind
 from kernels_core._binding import check_untouched
 from kernels_core._binding import original_forward
-from kernels_core._binding import transaction
 from kernels_core._binding import unbind
 
 
@@ -34,7 +33,7 @@ def test_a_transaction_that_raises_leaves_every_module_as_it_was():
     first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     bind(Changes(), first, {"forward": _kernel}, (("kind", "old"),))
     before = [dict(m.__dict__) for m in (first, second)]
-    with pytest.raises(KernelizeError, match="would overwrite parameters"), transaction() as changes:
+    with pytest.raises(KernelizeError, match="would overwrite parameters"), Changes() as changes:
         unbind(changes, first)
         bind(changes, second, {"forward": print}, (("kind", "new"),))
         bind(changes, first, {"weight": _kernel}, (("kind", "new"),))

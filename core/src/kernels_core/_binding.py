@@ -1,5 +1,5 @@
 """Binding: the instance attributes kernelize sets on a module, the record that undoes them exactly, and the
-transaction that applies one kernelize call's bindings all or nothing.
+transaction (:class:`Changes`) that applies one kernelize call's bindings all or nothing.
 
 A binding only ever sets instance attributes (the module's ``forward``, or, under accelerate's hooks, its
 ``_old_forward``), never parameters, buffers or sub-modules, and stores a :class:`BindingRecord` in the module's
@@ -10,8 +10,6 @@ silently drop that code's wrapper).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
@@ -37,7 +35,6 @@ __all__ = [
     "forward_slot",
     "instance_override",
     "original_forward",
-    "transaction",
     "unbind",
 ]
 
@@ -121,7 +118,11 @@ def _assign(namespace: dict[str, Any], values: dict[str, object]) -> None:
 
 
 class Changes:
-    """Instance attributes set so far by one kernelize (or unkernelize) call, in order, with what they held."""
+    """The instance attributes one kernelize (or unkernelize) call has set, with what they held.
+
+    As a context manager, a transaction: if the block raises (anything, ``KeyboardInterrupt`` included), every change
+    made through it is undone, newest first, before the exception propagates, so the model is exactly as it was.
+    """
 
     def __init__(self) -> None:
         self._undo: list[tuple[dict[str, Any], dict[str, object]]] = []
@@ -131,23 +132,13 @@ class Changes:
         self._undo.append((namespace, {attr: namespace.get(attr, MISSING) for attr in values}))
         _assign(namespace, values)
 
-    def roll_back(self) -> None:
-        """Put back every attribute this object set, newest first."""
-        for namespace, previous in reversed(self._undo):
-            _assign(namespace, previous)
-        self._undo.clear()
+    def __enter__(self) -> Changes:
+        return self
 
-
-@contextlib.contextmanager
-def transaction() -> Iterator[Changes]:
-    """Yields :class:`Changes`; if the block raises (anything, ``KeyboardInterrupt`` included), every change made
-    through it is undone before the exception propagates, so the model is exactly as it was."""
-    changes = Changes()
-    try:
-        yield changes
-    except BaseException:
-        changes.roll_back()
-        raise
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            for namespace, previous in reversed(self._undo):
+                _assign(namespace, previous)
 
 
 def bind(changes: Changes, module: nn.Module, attributes: dict[str, object],

@@ -19,7 +19,6 @@ from ._binding import Changes
 from ._binding import bind
 from ._binding import check_untouched
 from ._binding import instance_override
-from ._binding import transaction
 from ._binding import unbind
 from ._config import KernelsConfig
 from ._config import load_config
@@ -421,7 +420,7 @@ def kernelize(
             details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
             problems.append(f"{len(unmet)} matched module(s) got no kernel: {details}")
         raise KernelizeError(f"strict kernelize: {'. '.join(problems)}")
-    with transaction() as changes:
+    with Changes() as changes:
         for module in model.modules():
             unbind(changes, module)
         for plan in plans:
