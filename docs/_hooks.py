@@ -43,7 +43,8 @@ PAGE_OF = {source: page for page, source in SOURCES.items()}
 CONFIG_KEYS = {
     "_TOP_KEYS": ("top level", {
         "disable": "`true` makes kernelize a reported no-op.",
-        "strict": "`true` raises when a matched module gets no kernel.",
+        "strict": "`true`: every matched module a kernel could serve gets one, or kernelize raises (names in the "
+                  "configuration still only warn).",
         "plugins": "table: `allow` / `block` lists of plugin names.",
         "kernels": "table: `disable`, kernel ids never to use.",
         "kinds": "one table per layer kind (`[kinds.rms_norm]`), keys below.",
@@ -67,7 +68,8 @@ CONFIG_KEYS = {
 ENV_VARS = {
     "KERNELS_CORE_CONFIG": "path of a TOML configuration file (above the working directory's files).",
     "KERNELS_CORE_DISABLE": "`1` makes kernelize a reported no-op.",
-    "KERNELS_CORE_STRICT_CONFIG": "`1` makes a configuration problem that only warns raise `ConfigError` instead.",
+    "KERNELS_CORE_STRICT_CONFIG": "refused with `ConfigError` when set: names that match nothing always warn; a "
+                                  "warnings filter on `kernels_core.ConfigWarning` makes them errors.",
     "KERNELS_CORE_PLUGINS": "comma-separated plugin names: only these are loaded.",
     "KERNELS_CORE_DISABLE_PLUGINS": "comma-separated plugin names never loaded.",
     "KERNELS_CORE_STRICT_PLUGINS": "`1` makes a broken plugin raise instead of being skipped with a warning.",

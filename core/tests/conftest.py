@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernels_core import reset_plugin_manager
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import isolate_environment
 
@@ -31,6 +32,14 @@ def ref_pm():
     """Built-in plugin, portable kernels and the reference plugin (priority 50, every kind)."""
     reference_plugin.CALLS.clear()
     return fresh_plugin_manager((reference_plugin, "reference"))
+
+
+@pytest.fixture
+def ref_installed(ref_pm):
+    """``ref_pm`` as the process-wide plugin manager: the installed plugins a loaded model finds its kernels in."""
+    previous = reset_plugin_manager(ref_pm)
+    yield ref_pm
+    reset_plugin_manager(previous)
 
 
 @pytest.fixture

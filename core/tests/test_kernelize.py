@@ -365,9 +365,9 @@ def test_two_models_kernelized_differently_including_rope(ref_pm, calls):
     assert sum(calls.values()) == 0, "a model built later must not inherit another model's kernels"
 
 
-def test_deepcopy_save_load_keep_kernels_and_state(ref_pm, calls, tmp_path):
+def test_deepcopy_save_load_keep_kernels_and_state(ref_installed, calls, tmp_path):
     model = tiny_causal_lm("llama")
-    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_pm)
+    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_installed)
     ids = torch.randint(3, 100, (1, 6))
     with torch.no_grad():
         expected = model(input_ids=ids).logits

@@ -368,9 +368,9 @@ def _copy(model, how):
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "torch_save", "pickle"])
-def test_copies_keep_the_report_and_their_own_bindings(ref_pm, calls, how):
+def test_copies_keep_the_report_and_their_own_bindings(ref_installed, calls, how):
     model = tiny_causal_lm("llama")
-    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_pm)
+    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_installed)
     report = kernels_core.get_report(model)
     clone = _copy(model, how)
     assert kernels_core.get_report(clone) == report

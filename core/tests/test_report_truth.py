@@ -42,8 +42,8 @@ class _FreshNamespaces(dict):
 def _count_kernel_calls(model, monkeypatch) -> Counter:
     """Rebuild every bound forward so that each kernel call counts as (module name, kernel id)."""
     from kernels_core import _forward
-    from kernels_core._kinds._context import BINDING_ATTR
-    from kernels_core._kinds._context import forward_slot
+    from kernels_core._binding import BINDING_ATTR
+    from kernels_core._binding import forward_slot
 
     counts: Counter = Counter()
     real_load_ref = _forward.load_ref

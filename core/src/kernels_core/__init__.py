@@ -20,6 +20,7 @@ from ._config import ConfigWarning
 from ._config import KernelsConfig
 from ._config import KindConfig
 from ._config import load_config
+from ._hookspec import hookimpl
 from ._manager import KernelFallbackWarning
 from ._manager import KernelsPluginManager
 from ._manager import PluginError
@@ -39,7 +40,6 @@ from ._types import LayerKind
 from ._types import Match
 from ._types import Mode
 from ._types import Supports
-from .plugin import hookimpl
 
 
 if TYPE_CHECKING:

@@ -13,12 +13,13 @@ Example:
     >>> from kernels_core.testing import fresh_plugin_manager
     >>> report = check(["portable"], kernels=["any.silu_gated_mlp.recompute"], compile=False,
     ...                plugin_manager=fresh_plugin_manager())
-    >>> sorted({(r.device, r.dtype, r.status) for r in report.results})
+    >>> sorted({(r.device, r.dtype, str(r.status)) for r in report.results})
     [('cpu', 'bfloat16', 'pass'), ('cpu', 'float16', 'pass'), ('cpu', 'float32', 'pass')]
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import itertools
 import sys
@@ -35,8 +36,10 @@ from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._manager import get_plugin_manager
+from ._resolve import runnable_here
+from ._tolerance import kernel_tolerance
 from ._types import BackendInfo
-from ._types import DeviceInfo
+from ._types import ConformanceCase
 from ._types import Supports
 
 
@@ -45,90 +48,50 @@ __all__ = [
     "CheckError",
     "CheckReport",
     "CheckResult",
-    "ConformanceCase",
+    "CheckStatus",
     "check",
-    "device_name",
-    "runnable_here",
+    "tolerance",
 ]
 
-PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 # Traces forward and backward through Dynamo and AOTAutograd as inductor would (graph breaks and untraceable
 # autograd code fail), without generating code: seconds per case on a CPU. ``inductor`` checks the generated code.
 DEFAULT_COMPILE_BACKEND = "aot_eager"
 _DTYPE_ORDER = ("float32", "bfloat16", "float16", "float64")
 _IMPLS = "kernels_core._check_impls"
 _COUNTER = itertools.count()
+def tolerance(dtype: Any) -> float:
+    """The relative error bound of a kernel against the eager module in ``dtype`` (a ``torch.dtype``): the
+    ``kernel`` column of :data:`kernels_core.plugin.TOLERANCES`, which says why each bound is what it is.
+
+    Example:
+        >>> import torch
+        >>> tolerance(torch.bfloat16) > tolerance(torch.float16) > tolerance(torch.float32)
+        True
+    """
+    return kernel_tolerance(dtype)
+
+
+class CheckStatus(str, enum.Enum):
+    """The outcome of one row of a check; a string too, so it compares, prints and encodes as its value.
+
+    Example:
+        >>> CheckStatus.PASS == "pass", f"{CheckStatus.SKIPPED}"
+        (True, 'skipped')
+    """
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PASS, FAIL, SKIPPED = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.SKIPPED
 
 
 class CheckError(ValueError):
     """A check names a plugin or a kernel that is not installed."""
-
-
-def device_name(device_type: str, index: int) -> str:
-    """How a tensor on this device prints its device, the name reports and listings use.
-
-    Example:
-        >>> device_name("cpu", 0), device_name("cuda", 1)
-        ('cpu', 'cuda:1')
-    """
-    return device_type if device_type == "cpu" else f"{device_type}:{index}"
-
-
-def _tensors(output: Any) -> tuple[Any, ...]:
-    """The tensors of a forward's output: itself, or the tensors of a tuple (first level)."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return (output,)
-    if isinstance(output, (tuple, list)):
-        return tuple(t for t in output if isinstance(t, torch.Tensor))
-    raise TypeError(f"forward returned {type(output).__name__}; give the case an `outputs` function")
-
-
-@dataclass(frozen=True)
-class ConformanceCase:
-    """One module of a layer kind on which every kernel of the kind must reproduce the module's own forward.
-
-    Example:
-        >>> import torch
-        >>> case = ConformanceCase("standard", "LayerNorm(37)",
-        ...                        build=lambda device, dtype: (torch.nn.LayerNorm(37).to(device, dtype), ""),
-        ...                        inputs=lambda target, gen: ((torch.randn(3, 37, generator=gen),), {}))
-        >>> case.variant
-        'standard'
-
-    Args:
-        variant: the kind's variant the module computes; the kind's matcher must report it.
-        name: shown in the check's table (``"LlamaRMSNorm(37)"``).
-        build: ``build(device, dtype) -> (root, target)``: a module tree on ``device`` in ``dtype``, and the
-            qualified name of the module of the kind inside it (``""`` for the root). The root is what the
-            matcher sees as the model (rotary sizes, configuration).
-        inputs: ``inputs(target, generator) -> (args, kwargs)`` for the target's forward, drawn from the CPU
-            ``generator`` and placed on the target's device. Floating-point tensors among the top-level
-            arguments get gradients when the kernel declares a backward.
-        outputs: ``outputs(result) -> tuple of tensors`` to compare; by default the result itself, or the
-            tensors of a returned tuple.
-        factor: the case's bound is ``factor * tolerance(dtype)``; above 1 where the kernel's rounding passes
-            through further layers before the compared outputs (a decoder layer, a whole model).
-    """
-
-    variant: str
-    name: str
-    build: Callable[[Any, Any], tuple[Any, str]]
-    inputs: Callable[[Any, Any], tuple[tuple[Any, ...], dict[str, Any]]]
-    outputs: Callable[[Any], tuple[Any, ...]] = _tensors
-    factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.variant, str) or not self.variant:
-            raise ValueError(f"conformance case {self.name!r}: variant must be a non-empty string")
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError("a conformance case needs a name")
-        for what in ("build", "inputs", "outputs"):
-            if not callable(getattr(self, what)):
-                raise ValueError(f"conformance case {self.name!r}: {what} must be callable")
-        if not isinstance(self.factor, (int, float)) or not self.factor > 0:
-            raise ValueError(f"conformance case {self.name!r}: factor {self.factor!r} must be a positive number")
 
 
 @dataclass(frozen=True)
@@ -138,7 +101,7 @@ class CheckResult:
     kernel: str
     plugin: str
     kind: str
-    status: str
+    status: CheckStatus
     device: str | None = None
     dtype: str | None = None
     case: str | None = None
@@ -244,7 +207,7 @@ def check(
 
 def _cases(kind: ProvidedKind) -> tuple[tuple[ConformanceCase, ...] | None, str | None]:
     """(the kind's cases or None when it declares none, why they could not be loaded)."""
-    from ._forward import load_ref
+    from ._refs import load_ref
 
     if kind.kind.conformance is None:
         if kind.plugin.name == "builtin":
@@ -262,48 +225,9 @@ def _cases(kind: ProvidedKind) -> tuple[tuple[ConformanceCase, ...] | None, str 
     return cases, None
 
 
-def runnable_here(spec: Any, backends: list[tuple[BackendInfo, Any]]
-                  ) -> tuple[str | None, DeviceInfo | None, str]:
-    """(device name, its info, why there is none) for a kernel: the device it can run on here, the first detected
-    one of its backend (the host CPU for portable kernels), or why it cannot run on this machine: no device of its
-    backend, a capability or architecture it does not support, a requirement missing.
-
-    ``kernels-core kernels`` and ``kernels-core check`` both decide with it. Imports no kernel code.
-
-    Example:
-        >>> from kernels_core import KernelSpec
-        >>> from kernels_core.testing import fresh_plugin_manager
-        >>> spec = KernelSpec(id="acme.rms_norm.k", kind="rms_norm", variants=("standard",), backend="acme",
-        ...                   impl="kernels_acme.ops:rms_norm")
-        >>> runnable_here(spec, fresh_plugin_manager().backends())
-        (None, None, 'no acme device detected')
-    """
-    backend = "cpu" if spec.portable else spec.backend
-    detected = [b for b, _ in backends if b.backend == backend]
-    with_devices = [b for b in detected if b.devices]
-    if not with_devices:
-        reasons = "; ".join(b.reason for b in detected if b.reason)
-        return None, None, f"no {backend} device detected" + (f" ({reasons})" if reasons else "")
-    info = with_devices[0]
-    device = info.devices[0]
-    name = device_name(info.device_type, device.index)
-    if spec.capability is not None and not spec.portable:
-        if device.capability is None or not spec.capability.contains(device.capability):
-            return None, None, f"{name} has capability {device.capability}, the kernel needs {spec.capability}"
-    if spec.archs and not spec.portable and device.arch not in spec.archs:
-        return None, None, f"{name} is {device.arch}, the kernel needs one of {list(spec.archs)}"
-    from ._resolve import _requirement_problem
-
-    for requirement in spec.requires:
-        problem = _requirement_problem(requirement)
-        if problem:
-            return None, None, problem
-    return name, device, ""
-
-
 def _check_kernel(item: ProvidedKernel, kind: ProvidedKind | None, backends: list[tuple[BackendInfo, Any]], *,
                   compile_backend: str | None) -> list[CheckResult]:
-    from ._forward import load_ref
+    from ._refs import load_ref
 
     spec = item.spec
     base = {"kernel": spec.id, "plugin": item.plugin.name, "kind": spec.kind}
@@ -364,9 +288,6 @@ def _register(fn: Callable[..., Any]) -> str:
 
 
 def _unregister(ref: str) -> None:
-    from ._forward import _REF_CACHE
-
-    _REF_CACHE.pop(ref, None)
     module = sys.modules.get(_IMPLS)
     if module is not None:
         module.__dict__.pop(ref.partition(":")[2], None)
@@ -440,16 +361,15 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
          dtype_name: str, base: dict[str, str], *, compile_backend: str | None) -> CheckResult:
     import torch
 
-    from ._forward import load_ref
     from ._kinds._context import MatchContext
+    from ._refs import load_ref
     from ._types import Match
-    from .testing import tolerance
 
     label = f"{case.variant}: {case.name}" + (f" [compiled, {compile_backend}]" if compile_backend else "")
     dtype = getattr(torch, dtype_name)
     bound = case.factor * tolerance(dtype)
 
-    def result(status: str, reason: str | None = None, error: float | None = None) -> CheckResult:
+    def result(status: CheckStatus, reason: str | None = None, error: float | None = None) -> CheckResult:
         return CheckResult(**base, device=device_str, dtype=dtype_name, case=label, status=status, reason=reason,
                            error=error, bound=bound if error is not None else None)
 

@@ -15,11 +15,11 @@ from . import __version__
 from . import list_kernels
 from . import list_plugins
 from ._check import DEFAULT_COMPILE_BACKEND
-from ._check import device_name
 from ._hints import did_you_mean
 from ._manager import get_plugin_manager
 from ._report import format_table
 from ._types import Supports
+from ._types import device_name
 
 
 __all__ = ["main"]

@@ -30,6 +30,7 @@ __all__ = ["ConfigError", "ConfigWarning", "KernelsConfig", "KindConfig", "env_f
 
 ENV_CONFIG = "KERNELS_CORE_CONFIG"
 ENV_DISABLE = "KERNELS_CORE_DISABLE"
+# Read only to refuse it: it made configuration names strict, which a warnings filter does now.
 ENV_STRICT_CONFIG = "KERNELS_CORE_STRICT_CONFIG"
 
 _TRUE = ("1", "true", "yes", "on")
@@ -48,9 +49,8 @@ class ConfigError(ValueError):
 class ConfigWarning(UserWarning):
     """A configuration name matches nothing installed here (a typo, or a plugin this machine lacks).
 
-    The message names the source and the closest installed names. ``strict = true`` in the configuration or
-    ``KERNELS_CORE_STRICT_CONFIG=1`` raises :class:`ConfigError` instead; ``warnings.filterwarnings("error",
-    category=kernels_core.ConfigWarning)`` does the same from code.
+    The message names the source and the closest installed names. ``warnings.filterwarnings("error",
+    category=kernels_core.ConfigWarning)`` raises it instead; ``strict`` does not (it is about kernels, not names).
     """
 
 
@@ -92,7 +92,8 @@ class KindConfig:
         prefer: kernel ids to use, per backend, in order of preference (key ``any`` applies to every backend
             without its own entry). An id that cannot be used where a module runs raises.
         disable: kernel ids or plugin names never to use for this kind.
-        strict: raise when a module of this kind ends up without a kernel.
+        strict: raise when a module of this kind that a kernel could serve ends up without one (``None``: the
+            top-level ``strict`` decides).
         enabled: ``False`` leaves every module of this kind alone.
         options: kind-specific options passed to the adapter (e.g. ``materialize_logits`` for the loss); the
             kind's :attr:`LayerKind.options <kernels_core.LayerKind>` declares which names and types it reads.
@@ -319,6 +320,12 @@ def load_config(config: Mapping[str, object] | str | os.PathLike[str] | KernelsC
     if env_path:
         data = _read_toml(Path(env_path))
         layers.append((_validated(data or {}, f"{ENV_CONFIG}={env_path}"), f"{ENV_CONFIG}={env_path}"))
+    if os.environ.get(ENV_STRICT_CONFIG, "").strip():
+        raise ConfigError(f"{ENV_STRICT_CONFIG} is no longer read: configuration names that match nothing installed "
+                          "always warn with kernels_core.ConfigWarning, and `strict` no longer changes that. Unset "
+                          'it; to make those warnings errors, call warnings.filterwarnings("error", '
+                          "category=kernels_core.ConfigWarning) (in pytest: filterwarnings = "
+                          "error::kernels_core.ConfigWarning)")
     disable = env_flag(ENV_DISABLE)
     if disable is not None:
         layers.append(({"disable": disable}, f"{ENV_DISABLE}={os.environ[ENV_DISABLE].strip()}"))

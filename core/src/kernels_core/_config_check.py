@@ -3,9 +3,9 @@
 :mod:`kernels_core._config` checks shapes and types; this module checks that every name means something here:
 layer kinds, kernel ids, plugin names, backend keys of ``prefer`` and option names. One configuration is often
 shared between machines with different plugins, so a name that matches nothing installed warns
-(:class:`~kernels_core.ConfigWarning`) with the closest installed names and its source; strict configuration
-turns those warnings into :class:`~kernels_core.ConfigError`; unknown layer kinds follow the same rule. Option
-names a known kind does not declare and option values of the wrong type always raise.
+(:class:`~kernels_core.ConfigWarning`) with the closest installed names and its source, unknown layer kinds
+included, whatever ``strict`` says (``strict`` is about kernels, not names); a warnings filter makes them errors.
+Option names a known kind does not declare and option values of the wrong type always raise.
 """
 
 from __future__ import annotations
@@ -18,21 +18,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._config import ENV_STRICT_CONFIG
 from ._config import ConfigError
 from ._config import ConfigWarning
 from ._config import KernelsConfig
-from ._config import env_flag
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
 from ._manager import KernelsPluginManager
 from ._types import ANY_BACKEND
 
 
-__all__ = ["ConfigProblem", "check_config", "config_problems", "strict_config"]
+__all__ = ["ConfigProblem", "check_config", "config_problems"]
 
 _PACKAGE_DIR = str(Path(__file__).parent) + os.sep
-_RELAX = f"ignored; strict = true or {ENV_STRICT_CONFIG}=1 makes this an error"
+_RELAX = "ignored (an error under warnings.filterwarnings('error', category=kernels_core.ConfigWarning))"
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,7 @@ class ConfigProblem:
         source: where the name was set: a file path, an environment variable or ``config argument``.
         key: the dotted key that holds it (``kinds.rms_norm.disable``); empty for an environment variable.
         message: what is wrong and the closest valid names.
-        error: always raises (undeclared option, wrong option type); otherwise it warns, or raises under strict
-            configuration.
+        error: always raises (undeclared option, wrong option type); otherwise it warns.
     """
 
     source: str
@@ -231,30 +228,12 @@ def _fits(value: object, types: tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
-def strict_config(config: KernelsConfig) -> tuple[bool, str]:
-    """Whether names that match nothing raise, and which setting decided it.
-
-    ``KERNELS_CORE_STRICT_CONFIG`` decides when set (either way); otherwise the configuration's ``strict``.
-
-    Example:
-        >>> strict_config(KernelsConfig.from_mapping({"strict": True}))
-        (True, 'strict = true (config argument)')
-    """
-    from_env = env_flag(ENV_STRICT_CONFIG)
-    if from_env is not None:
-        return from_env, f"{ENV_STRICT_CONFIG}={os.environ[ENV_STRICT_CONFIG].strip()}"
-    if config.strict:
-        where = config.origins.get(("strict",), "kernelize(strict=True)")
-        return True, where if where == "kernelize(strict=True)" else f"strict = true ({where})"
-    return False, "strict is off"
-
-
 def check_config(config: KernelsConfig, pm: KernelsPluginManager) -> list[ConfigProblem]:
     """Raise or warn for every problem :func:`config_problems` finds; returns the ones that only warned.
 
-    Problems marked ``error`` raise one :class:`ConfigError` listing all of them; under strict configuration
-    (:func:`strict_config`) every problem does. Otherwise each problem is one :class:`ConfigWarning`, attributed
-    to the first caller outside kernels-core, so Python's default filter shows it once per call site.
+    Problems marked ``error`` raise one :class:`ConfigError` listing all of them. Every other problem is one
+    :class:`ConfigWarning`, attributed to the first caller outside kernels-core, so Python's default filter shows it
+    once per call site.
 
     Example:
         >>> from kernels_core.testing import fresh_plugin_manager
@@ -265,14 +244,10 @@ def check_config(config: KernelsConfig, pm: KernelsPluginManager) -> list[Config
         kernels_core._config.ConfigError: config argument: kinds.rms_norm.options.x: unknown option 'x' for kind ...
     """
     problems = list(dict.fromkeys(config_problems(config, pm)))
-    strict, why = strict_config(config)
-    fatal = [p for p in problems if p.error or strict]
+    fatal = [p for p in problems if p.error]
     if fatal:
-        message = str(fatal[0]) if len(fatal) == 1 else (
-            f"{len(fatal)} configuration problems:\n  " + "\n  ".join(str(p) for p in fatal))
-        if strict and any(not p.error for p in fatal):
-            message += f"\n(raised because {why}; {ENV_STRICT_CONFIG}=0 makes names that match nothing warn instead)"
-        raise ConfigError(message)
+        raise ConfigError(str(fatal[0]) if len(fatal) == 1 else (
+            f"{len(fatal)} configuration problems:\n  " + "\n  ".join(str(p) for p in fatal)))
     level = _stack_level()
     for problem in problems:
         warnings.warn(f"{problem}; {_RELAX}", ConfigWarning, stacklevel=level)

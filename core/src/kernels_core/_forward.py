@@ -1,21 +1,25 @@
-"""The per-instance forwards kernelize binds, and the record that lets unkernelize undo them exactly.
+"""The forward objects kernelize binds: a module's forward replaced by a kernel, or its class forward re-created with
+some global functions pointing at kernels.
 
-Both forwards are small picklable objects holding *references* (``module:attr`` strings) rather than functions,
-so ``copy.deepcopy``, ``torch.save``/``torch.load`` and pickling keep a kernelized model kernelized; the callable
-they dispatch to is rebuilt lazily after a copy or a load. An exception raised through one keeps its type and gains
-a note naming the kernel, its plugin, the module and the configuration line that turns the kernel off; raised by the
-model's own code instead, it names the kernels bound inside the module, nearest the failing code first.
+Both hold *references* (``module:attr`` strings) to a kernel's code rather than functions and build the callable
+they dispatch to from them, once. A copy or a load leaves it unbuilt: ``copy.deepcopy`` keeps the references, while
+a pickle saves only kernel ids, which a load looks up among the installed plugins (:mod:`kernels_core.persisted`).
+An exception raised through one keeps its type and gains a note naming the kernel, its plugin, the module and the
+configuration line that turns the kernel off; raised by the model's own code instead, it names the kernels bound
+inside the module, nearest the failing code first.
 
 Every call first checks that the kernels still serve the module as it is now: its parameters' dtype against the
 dtypes the kernels declare, and their device type against the one kernelize bound them for. A model converted or
 moved after kernelize (``model.double()``, ``.half()``, ``.cpu()``) runs the module's own forward where a kernel
-does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_report` says so.
+does not serve it, warns once per kernel and cause, and :func:`kernels_core.get_report` says so; so does a loaded
+model whose kernels are not installed, or cannot be built, where it was loaded.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
-import importlib
 import inspect
 import itertools
 import logging
@@ -26,151 +30,36 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
-from typing import ClassVar
 
+from ._binding import BINDING_ATTR
+from ._binding import MISSING  # noqa: F401 - kernels-core 0.1.0 defined it here, and its pickles name it so
+from ._binding import BindingRecord  # noqa: F401 - the same
 from ._plugin_info import PluginInfo
 from ._plugin_info import warn_fallback
+from ._refs import load_ref
 from ._types import Match
+from .persisted import Persisted
 
 
 __all__ = [
-    "MISSING",
-    "BindingRecord",
     "Declared",
     "GlobalOverride",
     "KernelForward",
     "ReroutedForward",
     "decorator_chain_problem",
-    "load_ref",
-    "locate_problem",
-    "ref_problem",
     "rewrap",
 ]
 
 logger = logging.getLogger(__name__)
 
 
-class _Missing:
-    """Marks an instance attribute that did not exist before binding (restored by deleting it)."""
-
-    _instance: ClassVar[_Missing | None] = None
-
-    def __new__(cls) -> _Missing:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __reduce__(self) -> str:
-        return "MISSING"
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING = _Missing()
-
-
-@dataclass
-class BindingRecord:
-    """Stored in a bound module's ``__dict__``: the instance attributes kernelize replaced, and by what.
-
-    ``previous`` holds what each attribute was before binding, ``bound`` what kernelize set it to: an attribute
-    that no longer holds its ``bound`` value was replaced by other code since (a wrapper), which restoring
-    ``previous`` would silently drop.
-    """
-
-    MISSING: ClassVar[_Missing] = MISSING
-    previous: dict[str, object] = field(default_factory=dict)
-    kernels: tuple[tuple[str, str], ...] = ()
-    bound: dict[str, object] = field(default_factory=dict)
-
-
-# Process-wide caches of objects that never change once made: imported callables, and the synthetic modules whose
-# globals rerouted forwards run with (one per distinct set of overrides, shared so that torch.compile sees one
-# globals dict per class forward). Synthetic module names come from a counter and are registered under a lock:
-# two threads building at once must never give two namespaces one name in ``sys.modules``.
-_REF_CACHE: dict[str, object] = {}
+# A process-wide cache of objects that never change once made: the synthetic modules whose globals rerouted forwards
+# run with (one per distinct set of overrides, shared so that torch.compile sees one globals dict per class forward).
+# Synthetic module names come from a counter and are registered under a lock: two threads building at once must
+# never give two namespaces one name in ``sys.modules``.
 _REROUTED_NAMESPACES: dict[tuple[object, ...], dict[str, Any]] = {}
 _REROUTED_LOCK = threading.Lock()
 _SYNTHETIC_NUMBERS = itertools.count()
-
-
-def load_ref(ref: str) -> Any:
-    """Import ``package.module:attr.path`` and return the attribute (cached)."""
-    if ref not in _REF_CACHE:
-        module_name, _, attr_path = ref.partition(":")
-        obj: object = importlib.import_module(module_name)
-        for part in attr_path.split("."):
-            obj = getattr(obj, part)
-        _REF_CACHE[ref] = obj
-    return _REF_CACHE[ref]
-
-
-def ref_problem(ref: str) -> str | None:
-    """Why ``ref`` cannot be loaded (imported, resolved, callable), or None; importing it if needed.
-
-    Example:
-        >>> ref_problem("json:dumps") is None
-        True
-        >>> ref_problem("json:no_such_function")
-        "cannot be loaded: AttributeError: module 'json' has no attribute 'no_such_function'"
-    """
-    try:
-        obj = load_ref(ref)
-    except Exception as exc:  # noqa: BLE001 - any failure is the answer
-        return f"cannot be loaded: {type(exc).__name__}: {exc}"
-    return None if callable(obj) else f"is not callable ({type(obj).__name__})"
-
-
-def _find_spec(name: str, path: Any) -> Any:
-    # The import system's finders, asked without executing anything (editable installs use meta-path finders).
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
-        if find_spec is None:
-            continue
-        try:
-            spec = find_spec(name, path)
-        except Exception:  # noqa: BLE001 - a finder that cannot answer is no evidence either way
-            continue
-        if spec is not None:
-            return spec
-    return None
-
-
-def locate_problem(ref: str) -> str | None:
-    """Why the module of ``ref`` cannot be found, importing nothing that is not imported yet; None if found.
-
-    Only an attribute of an already imported module is checked; otherwise finding the file is enough.
-
-    Example:
-        >>> locate_problem("json:dumps") is None
-        True
-        >>> locate_problem("no_such_package_xyz.ops:f")
-        "module 'no_such_package_xyz' not found"
-    """
-    module_name, _, attr_path = ref.partition(":")
-    parts = module_name.split(".")
-    path = None
-    for i in range(len(parts)):
-        name = ".".join(parts[: i + 1])
-        module = sys.modules.get(name)
-        if module is not None:
-            path = getattr(module, "__path__", None)
-        else:
-            spec = _find_spec(name, path)
-            if spec is None:
-                return f"module {name!r} not found"
-            path = spec.submodule_search_locations
-        if path is None and i < len(parts) - 1:
-            return f"module {'.'.join(parts[: i + 2])!r} not found ({name!r} is not a package)"
-    module = sys.modules.get(module_name)
-    if module is not None:
-        obj: object = module
-        for part in attr_path.split("."):
-            if not hasattr(obj, part):
-                return f"module {module_name!r} has no attribute {attr_path!r}"
-            obj = getattr(obj, part)
-    return None
 
 
 _NOTE_PREFIX = "kernels-core: "
@@ -275,13 +164,10 @@ def _kernels_of(value: object) -> list[tuple[str, str]]:
 
 def _bound_kernels(module: Any) -> list[tuple[str, str]]:
     """(kernel id, what to say about it) of each kernel kernelize bound to this one module."""
-    from ._kinds._context import BINDING_ATTR
-
     record = module.__dict__.get(BINDING_ATTR)
     if record is None:
         return []
-    # Records pickled before ``bound`` existed name their kernels only.
-    found = [kernel for value in getattr(record, "bound", {}).values() for kernel in _kernels_of(value)]
+    found = [kernel for value in record.bound.values() for kernel in _kernels_of(value)]
     known = {kernel_id for kernel_id, _ in found}
     # A plugin's own binding holds other objects: the record still names its kernels.
     found.extend((kernel_id, "") for _kind, kernel_id in record.kernels if kernel_id not in known)
@@ -390,14 +276,19 @@ def rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
     return rebuilt
 
 
-def _build_once(forward: _LazyForward) -> Callable[..., Any]:
-    if forward._fn is None:
-        forward._fn = forward._build()
+def _build_once(forward: _LazyForward) -> Callable[..., Any] | None:
+    if forward._fn is None and forward._unresolved is None:
+        try:
+            forward._fn = forward._build()
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built where a copy runs falls back
+            ids = ", ".join(d.kernel_id for d in forward.declared)
+            forward._unresolved = f"{ids} cannot be built here: {type(exc).__name__}: {exc}"
+            forward._derive()
     return forward._fn
 
 
-def _built(forward: _LazyForward) -> Callable[..., Any]:
-    """The forward's callable, built now if a copy or a load left it unbuilt.
+def _built(forward: _LazyForward) -> Callable[..., Any] | None:
+    """The forward's callable, built now if a copy or a load left it unbuilt; None if it cannot be built here.
 
     Under ``torch.compile`` the build runs outside the graph (one break, at the first compiled call after a copy):
     Dynamo cannot trace imports and function construction.
@@ -409,8 +300,25 @@ def _built(forward: _LazyForward) -> Callable[..., Any]:
     return _build_once(forward)
 
 
+def _installed(kernel_id: str, kind: str) -> tuple[str, str] | str:
+    """(impl, adapter) of kernel ``kernel_id`` of layer kind ``kind`` among the plugins installed in this process,
+    or why it is not there: how a loaded forward finds its kernels (see :mod:`kernels_core.persisted`)."""
+    from ._manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    spec = next((p.spec for p in pm.kernels() if p.spec.id == kernel_id), None)
+    if spec is None:
+        return f"{kernel_id} is not installed where the model was loaded (no installed plugin declares it)"
+    if spec.kind != kind:
+        return f"{kernel_id} is a kernel of layer kind {spec.kind!r} where the model was loaded, not of {kind!r}"
+    layer = pm.layer_kinds().get(kind)
+    if layer is None:
+        return f"layer kind {kind!r} of {kernel_id} is not installed where the model was loaded"
+    return spec.impl, layer.kind.adapter
+
+
 @dataclass(frozen=True)
-class Declared:
+class Declared(Persisted):
     """What one bound kernel serves, which every call of its forward checks against the module's parameters.
 
     ``device_type`` is the device type the parameters had when kernelize bound the kernel (``"cuda"``), or None
@@ -431,51 +339,65 @@ def _fallback_message(forward: _LazyForward, declared: Declared, cause: str) -> 
     plugin = f" of plugin {declared.plugin!r} ({declared.origin})" if declared.plugin else ""
     return (f"kernel {declared.kernel_id!r}{plugin} does not run on {forward._where()} (nor on other modules like "
             f"it): {cause}, so the module's own forward runs instead; kernels_core.get_report(model) lists every "
-            "such module. Kernelize again after converting or moving the model to choose kernels for it as it is")
+            "such module. kernels_core.kernelize(model) again chooses the kernels that serve the model as it is now")
 
 
-class _LazyForward:
-    """Shared behaviour: lazy build, pickling without the built callable, the original signature, and the
-    per-call check that the module's parameters are still in a dtype and on a device type the kernels serve."""
+class _LazyForward(Persisted):
+    """Shared behaviour: lazy build, saving kernel ids rather than code references, the original signature, and the
+    per-call check that the module's parameters are still in a dtype and on a device type the kernels serve.
 
+    Saved: the module, the kernels by id with what they declare, and the parameter each call reads (its module's
+    parameter dict, read afresh because accelerate's offloading and FSDP put new parameter objects there, and its
+    name). Rebuilt after a load: code references, the callable, why the kernels cannot run here (``_unresolved``),
+    the torch dtypes every kernel declares and the ``Tensor.is_<device type>`` flag that must hold (or None).
+    """
+
+    # 0.1.0 saved _scoped and _variants too (a rerouted forward's call-fact variants, now in its callable).
+    _transient = frozenset({"impl", "adapter", "_fn", "_globals", "_unresolved", "_dtypes", "_device_flag",
+                            "_preferred", "_scoped", "_variants"})
     module: Any
+    module_name: str
+    declared: tuple[Declared, ...]
+    _probe_params: dict[str, Any] | None
+    _probe_name: str
     _fn: Callable[..., Any] | None
-    # Where the forward is bound, for error notes; class defaults keep forwards pickled without them loadable.
-    module_name: str = ""
-    # Set by ``guard``: what the kernels serve; the parameter each call reads (the parameter dict of its module and
-    # its name, read afresh because accelerate's offloading and FSDP put new parameter objects there; the dict
-    # itself saves the module attribute lookup); the torch dtypes every kernel of the forward declares; the
-    # ``Tensor.is_<device type>`` flag that must hold (None: the device is not checked). The class defaults leave
-    # forwards pickled before the check existed unchecked.
-    declared: tuple[Declared, ...] = ()
-    _probe_params: dict[str, Any] | None = None
-    _probe_name: str = ""
-    _dtypes: tuple[Any, ...] = ()
-    _device_flag: str | None = None
-    _preferred: bool = False
+    _unresolved: str | None
 
-    def guard(self, owner: Any, name: str, declared: tuple[Declared, ...]) -> None:
-        """Check ``owner``'s parameter ``name`` against ``declared`` at every call (see the module docstring).
+    def _start(self, module: Any, module_name: str) -> None:
+        self.module, self.module_name = module, module_name
+        self.declared, self._probe_params, self._probe_name = (), None, ""
+        self._fn, self._unresolved = None, None
+        self._derive()
+
+    def guard(self, declared: tuple[Declared, ...], probe: tuple[Any, str] | None = None) -> None:
+        """Check the kernels' ``declared`` dtypes and device type against the probe parameter (owner module, name)
+        at every call (see the module docstring); without a probe, nothing is checked.
 
         Example:
             >>> import torch
             >>> norm = torch.nn.LayerNorm(4)
             >>> forward = KernelForward(norm, kernel_id="k", kind="layer_norm", impl="x:y", adapter="x:y",
             ...                         match=Match("layer_norm", "bias"), options={})
-            >>> forward.guard(norm, "weight", (Declared("k", "p", "", ("float32",), "any"),))
+            >>> forward.guard((Declared("k", "p", "", ("float32",), "any"),), probe=(norm, "weight"))
             >>> forward.runtime_problems()
             []
             >>> _ = norm.double()
             >>> [cause for _, cause in forward.runtime_problems()]
             ["the module's parameters are float64 now, and k declares float32"]
         """
+        self.declared = tuple(declared)
+        self._probe_params, self._probe_name = (probe[0]._parameters, probe[1]) if probe is not None else (None, "")
+        self._derive()
+
+    def _derive(self) -> None:
+        """What each call checks, from ``declared`` and the probe parameter: after ``guard``, a copy or a load."""
         import torch
 
-        self.declared = tuple(declared)
-        self._probe_params, self._probe_name = owner._parameters, name
-        common = set.intersection(*(set(d.dtypes) for d in declared)) if declared else set()
+        declared = self.declared
+        # Kernels that cannot run here serve no dtype: every call runs the module's own forward.
+        common = set.intersection(*(set(d.dtypes) for d in declared)) if declared and not self._unresolved else set()
         # The parameter's dtype now first: the membership test usually ends at the first, identical, item.
-        now = owner._parameters[name].dtype
+        now = getattr((self._probe_params or {}).get(self._probe_name), "dtype", None)
         self._dtypes = tuple(sorted((getattr(torch, dtype) for dtype in common), key=lambda d: d != now))
         device_type = next((d.device_type for d in declared if d.device_type is not None), None)
         flag = f"is_{device_type}"
@@ -488,6 +410,8 @@ class _LazyForward:
 
         The same check every call makes, spelled out; empty when every kernel runs (or nothing is checked).
         """
+        if self._unresolved:
+            return [(declared, self._unresolved) for declared in self.declared]
         params = self._probe_params
         probe = params.get(self._probe_name) if params is not None else None
         if probe is None:
@@ -505,15 +429,6 @@ class _LazyForward:
                                            f"{declared.kernel_id} (backend {declared.backend}) was bound for "
                                            f"{declared.device_type} tensors"))
         return problems
-
-    def _off_declared(self) -> bool:
-        """Whether a kernel does not serve the parameters as they are now (what each call checks inline)."""
-        params = self._probe_params
-        if params is None:
-            return False
-        probe = params.get(self._probe_name)
-        return probe is not None and (probe.dtype not in self._dtypes or (
-            self._device_flag is not None and not getattr(probe, self._device_flag)))
 
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the module's own forward, warning once per kernel and cause (or raise for a preferred kernel)."""
@@ -536,8 +451,8 @@ class _LazyForward:
 
                 raise KernelizeError(
                     f"kernel {declared.kernel_id!r}, preferred by configuration, cannot run on {self._where()}: "
-                    f"{cause}. Kernelize again after converting or moving the model (the preference then raises "
-                    f"there, or picks what serves it), or call kernels_core.unkernelize(model)")
+                    f"{cause}. Kernelize the model again as it is now (the preference then raises there, or picks "
+                    "what serves it), or call kernels_core.unkernelize(model)")
         for declared, cause in problems:
             warn_fallback(PluginInfo(name=declared.plugin, module=""), declared.kernel_id, cause,
                           _fallback_message(self, declared, cause))
@@ -545,8 +460,9 @@ class _LazyForward:
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
 
-    def _callable(self) -> Callable[..., Any]:
-        return self._fn if self._fn is not None else _built(self)
+    def _find_kernels(self) -> None:
+        """After a load: each kernel's code references, found by id among the installed plugins, or why not."""
+        raise NotImplementedError
 
     def _failure_note(self, exc: BaseException) -> str:
         raise NotImplementedError
@@ -556,9 +472,9 @@ class _LazyForward:
         return f"module {name}({type(self.module).__qualname__})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Once per kernelized module per step: one frame less than going through _callable(); the try costs
-        # nothing unless something raises. The check is _off_declared inlined: a dict lookup and two attribute
-        # reads (under torch.compile, guards on the parameter rather than graph code).
+        # Once per kernelized module per step: the try costs nothing unless something raises. The check is a dict
+        # lookup and two attribute reads (under torch.compile, guards on the parameter rather than graph code);
+        # for a rerouted forward, one kernel that does not serve the parameters runs the class forward without any.
         params = self._probe_params
         if params is not None:
             probe = params.get(self._probe_name)
@@ -566,19 +482,40 @@ class _LazyForward:
                     self._device_flag is not None and not getattr(probe, self._device_flag))):
                 return self._fall_back(args, kwargs)
         fn = self._fn
+        if fn is None:
+            fn = _built(self)
+            if fn is None:
+                return self._fall_back(args, kwargs)
         try:
-            return (fn if fn is not None else _built(self))(*args, **kwargs)
+            return fn(*args, **kwargs)
         except Exception as exc:
             _add_note(exc, self)
             raise
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_fn"] = None
-        return state
-
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        # A load: the kernels are found by id among the installed plugins. 0.1.0 pickles, which named these classes
+        # directly and saved code references and derived values as well, load the same way.
+        self.__dict__.update(module_name="", declared=(), _probe_params=None, _probe_name="")
+        self.__dict__.update({key: value for key, value in state.items() if key not in self._transient})
+        self._fn, self._unresolved = None, None
+        self._find_kernels()
+        self._ready()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _LazyForward:
+        # A copy in this process keeps the kernels this forward found, through whichever plugin manager kernelize
+        # used; only a load looks them up again.
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__reduce__()[2], memo))
+        # A kernel forward's code references come along here; a rerouted forward's overrides copy as themselves.
+        clone.__dict__.update({key: getattr(self, key) for key in ("impl", "adapter") if key in self.__dict__})
+        clone._fn, clone._unresolved = None, self._unresolved
+        clone._ready()
+        return clone
+
+    def _ready(self) -> None:
+        """After a copy or a load: what each call checks, and (rerouted forwards) the callable."""
+        self._derive()
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -592,10 +529,6 @@ class KernelForward(_LazyForward):
     Example:
         ``module.forward(x)`` calls ``adapter(module, match, impl, options)(x)``, the adapter being built once.
     """
-
-    # Class defaults: forwards pickled before these attributes existed still load and still annotate errors.
-    plugin: str = ""
-    origin: str = ""
 
     def __init__(
         self,
@@ -611,7 +544,6 @@ class KernelForward(_LazyForward):
         origin: str = "",
         module_name: str = "",
     ) -> None:
-        self.module = module
         self.kernel_id = kernel_id
         self.kind = kind
         self.impl = impl
@@ -620,11 +552,15 @@ class KernelForward(_LazyForward):
         self.options = dict(options)
         self.plugin = plugin
         self.origin = origin
-        self.module_name = module_name
-        self._fn = None
+        self._start(module, module_name)
 
     def _build(self) -> Callable[..., Any]:
         return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
+
+    def _find_kernels(self) -> None:
+        found = _installed(self.kernel_id, self.kind)
+        self.impl, self.adapter = ("", "") if isinstance(found, str) else found
+        self._unresolved = found if isinstance(found, str) else None
 
     def _failure_note(self, exc: BaseException) -> str:
         frames = _frames(exc)
@@ -644,18 +580,25 @@ class KernelForward(_LazyForward):
 
 
 @dataclass(frozen=True)
-class GlobalOverride:
-    """One global function of a module's forward rerouted to a kernel (for ``target="global"`` kinds)."""
+class GlobalOverride(Persisted):
+    """One global function of a module's forward rerouted to a kernel (for ``target="global"`` kinds).
 
+    ``impl`` and ``adapter`` are not saved: a load finds them again by kernel id (empty where it cannot).
+    """
+
+    _transient = frozenset({"impl", "adapter"})
     kernel_id: str
     kind: str
     global_name: str
-    impl: str
-    adapter: str
     match: Match
     options: dict[str, object] = field(default_factory=dict)
     plugin: str = ""
     origin: str = ""
+    impl: str = ""
+    adapter: str = ""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GlobalOverride:
+        return self  # immutable, and a copy keeps the code references a load would look up again
 
 
 class ReroutedForward(_LazyForward):
@@ -671,34 +614,14 @@ class ReroutedForward(_LazyForward):
     made from which arguments are None.
     """
 
-    _scoped: tuple[Any, ...] = ()
-    _variants: dict[tuple[object, ...], Callable[..., Any]] | None = None
-
     def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...], module_name: str = "") -> None:
-        self.module = module
         self.overrides = tuple(overrides)
-        self.module_name = module_name
-        self._fn = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The class forward runs without any of the kernels when one does not serve the parameters as they are now
-        # (see _LazyForward.__call__).
-        if self._probe_params is not None and self._off_declared():
-            return self._fall_back(args, kwargs)
-        try:
-            fn = self._callable()  # builds self._scoped and self._variants too
-            if self._scoped and self._variants is not None:
-                # A list comprehension, not a generator expression: Dynamo traces those on every supported torch.
-                fn = self._variants[tuple([scoped.call_fact(args, kwargs) for scoped in self._scoped])]
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            _add_note(exc, self)
-            raise
+        self._start(module, module_name)
 
     def _failure_note(self, exc: BaseException) -> str:
         # The class forward runs here too: the exception may come from a kernel or from the model's own code.
         frames = _frames(exc)
-        namespace = inspect.unwrap(self._fn.__func__).__globals__ if self._fn is not None else {}
+        namespace = self.__dict__.get("_globals", {})
         raised = [o for o in self.overrides
                   if _ran(frames, _codes(_loaded(o.impl), namespace.get(o.global_name)))]
         if not raised:
@@ -709,18 +632,19 @@ class ReroutedForward(_LazyForward):
         return (f"raised in kernel {kernels}, called in place of that global function by the forward of "
                 f"{self._where()}; {_disable_hint(tuple(o.kernel_id for o in raised))}")
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_scoped": (), "_variants": None}
+    def _find_kernels(self) -> None:
+        found = [_installed(o.kernel_id, o.kind) for o in self.overrides]
+        self.overrides = tuple(o if isinstance(f, str) else dataclasses.replace(o, impl=f[0], adapter=f[1])
+                               for o, f in zip(self.overrides, found, strict=True))
+        # One rerouted forward: where one of its kernels cannot run, the class forward runs without any.
+        self._unresolved = "; ".join(dict.fromkeys(f for f in found if isinstance(f, str))) or None
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        # Rebuilt at once rather than at the first call: the first call may be traced by torch.compile, and Dynamo
+    def _ready(self) -> None:
+        # Built at once rather than at the first call: the first call may be traced by torch.compile, and Dynamo
         # cannot trace the build (fullgraph would fail on a copy). The build reads only the module's class, which
         # a copy or a load has already fixed, never its half-restored state.
-        try:
-            self._fn = self._build()
-        except Exception:  # noqa: BLE001 - e.g. a kernel package missing where the model is loaded; the first
-            self._fn = None  # call rebuilds and raises there, naming what failed
+        super()._ready()
+        _build_once(self)
 
     @property
     def kernel_ids(self) -> tuple[str, ...]:
@@ -753,8 +677,15 @@ class ReroutedForward(_LazyForward):
             rerouted.__doc__ = base.__doc__
             # Decorators (transformers wraps model forwards in capture_outputs and the like) keep running around it.
             variants[facts] = rewrap(decorated, rerouted).__get__(self.module, type(self.module))
-        self._scoped, self._variants = scoped, variants
-        return next(iter(variants.values()))
+        self._globals = namespace
+        if not scoped:
+            return variants[()]
+
+        def by_call(*args: Any, **kwargs: Any) -> Any:
+            # A list comprehension, not a generator expression: Dynamo traces those on every supported torch.
+            return variants[tuple([replacement.call_fact(args, kwargs) for replacement in scoped])](*args, **kwargs)
+
+        return by_call
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"

@@ -13,22 +13,21 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from ._check import device_name
+from ._binding import BINDING_ATTR
+from ._binding import FOREIGN_FORWARD
+from ._binding import Changes
+from ._binding import bind
+from ._binding import check_untouched
+from ._binding import instance_override
+from ._binding import unbind
 from ._config import KernelsConfig
 from ._config import load_config
 from ._config_check import check_config
-from ._forward import MISSING
-from ._forward import BindingRecord
 from ._forward import Declared
 from ._forward import GlobalOverride
 from ._forward import KernelForward
 from ._forward import ReroutedForward
-from ._forward import load_ref
-from ._kinds._context import BINDING_ATTR
-from ._kinds._context import FOREIGN_FORWARD
 from ._kinds._context import MatchContext
-from ._kinds._context import forward_slot
-from ._kinds._context import instance_override
 from ._kinds._context import module_device
 from ._kinds._context import param_dtype
 from ._kinds._zero3 import ParametersInFlight
@@ -36,6 +35,7 @@ from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._manager import get_plugin_manager
+from ._refs import load_ref
 from ._report import KernelizeReport
 from ._report import ReportEntry
 from ._resolve import KernelizeError
@@ -47,6 +47,7 @@ from ._types import Decline
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
+from ._types import device_name
 from ._verified import warn_if_verified
 from ._verify import KernelChecks
 from ._verify import PluginFaults
@@ -164,76 +165,12 @@ def _validate_binding(binding: object, module_name: str, kernel_id: str, plugin:
     return binding
 
 
-def _apply(module: nn.Module, attributes: dict[str, object], kernels: tuple[tuple[str, str], ...]) -> None:
-    # Under accelerate's hooks the module's math lives in _old_forward, which the hook calls after moving the
-    # inputs: a kernel goes there, so the hooks keep running around it and unkernelize gives them back intact.
-    slot = forward_slot(module)
-    attributes = {(slot if attr == "forward" else attr): value for attr, value in attributes.items()}
-    reserved = set(module._parameters) | set(module._buffers) | set(module._modules)
-    clash = sorted(set(attributes) & reserved)
-    if clash:
-        raise KernelizeError(f"binding would overwrite parameters/buffers/sub-modules {clash} of "
-                             f"{type(module).__name__}")
-    previous = {attr: module.__dict__.get(attr, MISSING) for attr in attributes}
-    for attr, value in attributes.items():
-        module.__dict__[attr] = value
-    module.__dict__[BINDING_ATTR] = BindingRecord(previous=previous, kernels=kernels, bound=dict(attributes))
-
-
-def _describe(value: object) -> str:
-    if value is MISSING:
-        return "nothing (the attribute was deleted)"
-    fn = getattr(value, "__func__", value)
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    where = getattr(fn, "__module__", None)
-    return f"{name} from {where}" if where else name
-
-
-def _check_untouched(model: nn.Module, action: str) -> None:
-    """Raise, changing nothing, if other code replaced an attribute kernelize bound somewhere in ``model``.
-
-    Restoring the attribute would silently drop that code's wrapper (accelerate's autocast, TRL's fused head).
-    """
-    changed: list[str] = []
-    for name, module in model.named_modules():
-        record = module.__dict__.get(BINDING_ATTR)
-        if record is None:
-            continue
-        # Records pickled before ``bound`` existed cannot tell; they restore as before.
-        for attr, value in getattr(record, "bound", {}).items():
-            current = module.__dict__.get(attr, MISSING)
-            if current is not value:
-                changed.append(f"module {name or '(model)'!r} ({type(module).__qualname__}).{attr} was set to "
-                               f"{value!r} by kernelize and is now {_describe(current)}")
-    if changed:
-        raise KernelizeError(
-            f"{action} would drop code that wrapped the model after kernelize: {'; '.join(changed)}. Nothing was "
-            f"changed. {action.capitalize()} before that code wraps the model (for accelerate and TRL: before "
-            "Accelerator.prepare / building the trainer), or undo that wrapper first")
-
-
-def _assign(namespace: dict[str, Any], values: dict[str, object]) -> None:
-    """Put saved instance attributes back; ``MISSING`` means the attribute did not exist and is removed."""
-    for attr, value in values.items():
-        if value is MISSING:
-            namespace.pop(attr, None)
-        else:
-            namespace[attr] = value
-
-
-def _restore(module: nn.Module) -> BindingRecord | None:
-    record = module.__dict__.pop(BINDING_ATTR, None)
-    if record is not None:
-        _assign(module.__dict__, record.previous)
-    return record
-
-
 def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode,
           explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
           ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str]]:
     kinds = pm.layer_kinds()
     # Every name in the configuration is checked against what pm has: undeclared options raise, other names
-    # (kinds, kernels, plugins, backends) warn, or raise under strict configuration, naming their source.
+    # (kinds, kernels, plugins, backends) warn, naming their source.
     check_config(config, pm)
     backends = pm.backends()
     resolver = Resolver(pm, config, mode)
@@ -374,7 +311,7 @@ def _built_or_raise(forward: KernelForward | ReroutedForward, name: str, module:
             f"set kernels.disable = [{ids}]") from exc
 
 
-def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
+def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager, changes: Changes) -> None:
     module = plan.module
     if plan.forward is not None:
         p = plan.forward
@@ -395,7 +332,7 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
             # the transaction, not at the first forward.
             forward._fn = p.built if p.built is not None else _built_or_raise(forward, plan.name, module, [p])
         binding = _validate_binding(binding, plan.name, p.kernel.spec.id, p.kernel.plugin.name)
-        _apply(module, dict(binding.attributes), ((p.kind.kind.name, p.kernel.spec.id),))
+        bind(changes, module, dict(binding.attributes), ((p.kind.kind.name, p.kernel.spec.id),))
         return
     overrides = tuple(
         GlobalOverride(kernel_id=p.kernel.spec.id, kind=p.kind.kind.name,
@@ -406,7 +343,7 @@ def _bind_plan(plan: _ModulePlan, pm: KernelsPluginManager) -> None:
     )
     rerouted = ReroutedForward(module, overrides=overrides, module_name=plan.name)
     rerouted._fn = _built_or_raise(rerouted, plan.name, module, plan.globals)
-    _apply(module, {"forward": rerouted}, tuple((o.kind, o.kernel_id) for o in overrides))
+    bind(changes, module, {"forward": rerouted}, tuple((o.kind, o.kernel_id) for o in overrides))
 
 
 def kernelize(
@@ -448,24 +385,24 @@ def kernelize(
             not have the module's shape, dtype or device. A kind with no kernel for the backend at all, a kind or
             kernel disabled by configuration, a declined module (its math differs), a module left alone because
             other code replaced its forward, and a module covered by an enclosing module's kernel are reported,
-            never fatal. ``[kinds.<name>] strict`` applies the same rule to one kind (``false`` exempts it).
+            never fatal. ``strict = true`` in the configuration means the same; ``[kinds.<name>] strict`` applies
+            the rule to one kind (``false`` exempts it). Names in the configuration are not affected: those that
+            match nothing installed warn either way (``core/docs/configuration.md``, "Strictness").
         plugin_manager: use this manager instead of the process-wide one (tests, embedding frameworks).
 
     Raises:
         KernelizeError: an explicit request (``device``, ``strict``, a configured preference) cannot be
             honoured, binding failed, or other code replaced an attribute an earlier kernelize bound (a wrapper
             re-kernelizing would drop); the model is unchanged.
-        ConfigError: the configuration is malformed, names an option its kind does not declare, or, under
-            strict configuration, names a layer kind, kernel, plugin or backend that is not installed (otherwise
-            those warn with :class:`~kernels_core.ConfigWarning`).
+        ConfigError: the configuration is malformed or names an option its kind does not declare. A layer kind,
+            kernel, plugin or backend name that is not installed warns with :class:`~kernels_core.ConfigWarning`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"kernelize expects a torch.nn.Module, got {type(model).__name__}")
     resolved_mode = _resolve_mode(model, mode)
     cfg = load_config(config)
     if strict:
-        # The argument, not a file that may say strict = false, is what made this call strict.
-        cfg = dataclasses.replace(cfg, strict=True, origins={**cfg.origins, ("strict",): "kernelize(strict=True)"})
+        cfg = dataclasses.replace(cfg, strict=True)
     pm = plugin_manager or get_plugin_manager()
     mode_name = str(resolved_mode).removeprefix("Mode.")
     if cfg.disable:
@@ -474,7 +411,7 @@ def kernelize(
         model.__dict__[REPORT_ATTR] = report
         logger.info(report.summary())
         return model
-    _check_untouched(model, "kernelize")
+    check_untouched(model, "kernelize")
     explicit = _explicit_target(device, pm.backends()) if device is not None else None
     plans, entries, unmet, broken = _plan(model, pm, cfg, resolved_mode, explicit)
     if unmet or broken:
@@ -485,30 +422,14 @@ def kernelize(
             details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
             problems.append(f"{len(unmet)} matched module(s) got no kernel: {details}")
         raise KernelizeError(f"strict kernelize: {'. '.join(problems)}")
-    undo: list[tuple[str, nn.Module, Any]] = []
-    previous_report = model.__dict__.get(REPORT_ATTR, MISSING)
-    try:
+    with Changes() as changes:
         for module in model.modules():
-            if BINDING_ATTR in module.__dict__:
-                record = module.__dict__[BINDING_ATTR]
-                current = {attr: module.__dict__.get(attr, MISSING) for attr in record.previous}
-                _restore(module)
-                undo.append(("unbound", module, (record, current)))
+            unbind(changes, module)
         for plan in plans:
-            _bind_plan(plan, pm)
-            undo.append(("bound", plan.module, None))
+            _bind_plan(plan, pm, changes)
         _guard_forwards(plans, entries, device_checked=explicit is None)
         report = KernelizeReport(mode=mode_name, entries=tuple(entries), config_sources=cfg.sources)
-        model.__dict__[REPORT_ATTR] = report
-    except BaseException:
-        for action, module, saved in reversed(undo):
-            if action == "bound":
-                _restore(module)
-            else:
-                record, current = saved
-                _assign(module.__dict__, {**current, BINDING_ATTR: record})
-        _assign(model.__dict__, {REPORT_ATTR: previous_report})
-        raise
+        changes.set(model.__dict__, {REPORT_ATTR: report})
     # A sub-module kernelized on its own (the model inside a PEFT or accelerate wrapper) had its bindings replaced
     # by this call: its report described those.
     _drop_reports(model, keep_root=True)
@@ -533,8 +454,9 @@ def unkernelize(model: ModelT) -> ModelT:
         >>> kernels_core.unkernelize(model) is model
         True
     """
-    _check_untouched(model, "unkernelize")
-    restored = sum(_restore(module) is not None for module in model.modules())
+    check_untouched(model, "unkernelize")
+    changes = Changes()
+    restored = sum(unbind(changes, module) for module in model.modules())
     # Through a wrapper (PEFT, accelerate, DDP hold the kernelized model as a sub-module) too: every report under
     # it described bindings that are gone now.
     _drop_reports(model, keep_root=False)
@@ -548,8 +470,9 @@ def get_report(model: nn.Module) -> KernelizeReport | None:
 
     A kernel that no longer runs where kernelize bound it shows as not applied, its id in ``fell_back`` and the
     reason in ``reason``: the model was converted to a dtype the kernel does not declare (``model.double()``) or
-    moved to another device type, so the module's own forward runs; or its binding was removed since. Modules
-    covered by such a kernel run their own forward again and say so.
+    moved to another device type, or loaded where the kernel is not installed or cannot be built, so the module's
+    own forward runs; or its binding was removed since. Modules covered by such a kernel run their own forward
+    again and say so.
 
     Example:
         >>> import torch, kernels_core
@@ -597,17 +520,18 @@ def _guard_forwards(plans: list[_ModulePlan], entries: list[ReportEntry], *, dev
     preferred = {(e.module, e.kernel) for e in entries if e.note == "preferred by config"}
     for plan in plans:
         forward = _bound_forward(plan.module)
+        if forward is None:
+            continue  # a plugin's own binding: its kernels run as bound
+        # Without a floating-point parameter nothing is checked per call.
         probe = _probe(plan.module)
-        if forward is None or probe is None:
-            continue  # a plugin's own binding, or nothing with a dtype: the kernels run as bound
-        owner, name, tensor = probe
+        device_type = probe[2].device.type if probe is not None and device_checked else None
         planned = [plan.forward] if plan.forward is not None else plan.globals
-        forward.guard(owner, name, tuple(
+        forward.guard(tuple(
             Declared(kernel_id=p.kernel.spec.id, plugin=p.kernel.plugin.name, origin=p.kernel.plugin.origin,
                      dtypes=p.kernel.spec.dtypes, backend=p.kernel.spec.backend,
-                     device_type=tensor.device.type if device_checked and not p.kernel.spec.portable else None,
+                     device_type=None if p.kernel.spec.portable else device_type,
                      preferred=(plan.name, p.kernel.spec.id) in preferred)
-            for p in planned))
+            for p in planned), probe=probe[:2] if probe is not None else None)
 
 
 def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], dict[str, str]]:

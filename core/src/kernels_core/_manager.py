@@ -23,7 +23,10 @@ from types import ModuleType
 import pluggy
 
 from ._config import env_flag
-from ._forward import ref_problem
+from ._hookspec import API_ATTRIBUTE
+from ._hookspec import PLUGIN_API_VERSION
+from ._hookspec import PROJECT_NAME
+from ._hookspec import Hooks
 from ._pluggy import IsolatingPluginManager
 from ._plugin_checks import cross_check
 from ._plugin_info import ENV_STRICT
@@ -37,15 +40,12 @@ from ._plugin_info import canonical_distribution
 from ._plugin_info import recorded_fallbacks
 from ._plugin_info import replace_info
 from ._plugin_info import warn_fallback
+from ._refs import ref_problem
 from ._types import ANY_BACKEND
 from ._types import BackendInfo
 from ._types import Binding
 from ._types import KernelSpec
 from ._types import LayerKind
-from .plugin import API_ATTRIBUTE
-from .plugin import PLUGIN_API_VERSION
-from .plugin import PROJECT_NAME
-from .plugin import Hooks
 
 
 __all__ = [
@@ -433,8 +433,8 @@ class KernelsPluginManager:
         requirement is not met: what ``kernels-core check`` skips it for), ``fell back`` (recorded in this process)
         and, with ``locate_impls``, ``impl missing`` (the ``impl`` module cannot be found). Imports nothing new.
         """
-        from ._check import runnable_here
-        from ._forward import locate_problem
+        from ._refs import locate_problem
+        from ._resolve import runnable_here
 
         backends = self.backends()
         detectable = self.detectable_backends()

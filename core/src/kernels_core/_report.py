@@ -8,12 +8,14 @@ from dataclasses import asdict
 from dataclasses import dataclass
 from typing import Any
 
+from .persisted import Persisted
+
 
 __all__ = ["KernelizeReport", "ReportEntry", "format_table"]
 
 
 @dataclass(frozen=True)
-class ReportEntry:
+class ReportEntry(Persisted):
     """One matched module and layer kind: the kernel applied, or why none was.
 
     ``reason`` is set when nothing was applied; ``note`` says why an applied kernel is not the first choice
@@ -57,7 +59,7 @@ class ReportEntry:
 
 
 @dataclass(frozen=True)
-class KernelizeReport:
+class KernelizeReport(Persisted):
     """The outcome of one kernelize call.
 
     Example:

@@ -1,4 +1,5 @@
-"""Choosing a kernel for one matched module, or saying exactly why none fits.
+"""Choosing a kernel for one matched module, or saying exactly why none fits; and whether a kernel can run on this
+machine at all (:func:`runnable_here`, for listings and checks).
 
 Priority is data: qualifying kernels sort by (priority high first, plugin name, kernel id), so the outcome never
 depends on the order plugins were registered in. Configured preferences come first and raise when they
@@ -12,18 +13,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata as importlib_metadata
+from typing import TYPE_CHECKING
+from typing import Any
 
 from ._config import KernelsConfig
-from ._forward import load_ref
-from ._manager import KernelsPluginManager
-from ._manager import ProvidedKernel
+from ._plugin_info import ProvidedKernel
+from ._refs import load_ref
+from ._types import BackendInfo
 from ._types import DeviceInfo
 from ._types import Match
 from ._types import Mode
 from ._types import Supports
+from ._types import device_name
 
 
-__all__ = ["Choice", "KernelizeError", "Resolver", "Target"]
+if TYPE_CHECKING:
+    from ._manager import KernelsPluginManager
+
+__all__ = ["Choice", "KernelizeError", "Resolver", "Target", "runnable_here"]
 
 logger = logging.getLogger(__name__)
 
@@ -227,3 +234,40 @@ class Resolver:
             f"all kernels of this kind: {sorted(by_id) or 'none'} "
             f"(kinds.{match.kind}.prefer.{key} set in {self.config.origin('kinds', match.kind, 'prefer', str(key))})"
         )
+
+
+def runnable_here(spec: Any, backends: list[tuple[BackendInfo, Any]]
+                  ) -> tuple[str | None, DeviceInfo | None, str]:
+    """(device name, its info, why there is none) for a kernel: the device it can run on here, the first detected
+    one of its backend (the host CPU for portable kernels), or why it cannot run on this machine: no device of its
+    backend, a capability or architecture it does not support, a requirement missing.
+
+    ``kernels-core kernels`` and ``kernels-core check`` both decide with it. Imports no kernel code.
+
+    Example:
+        >>> from kernels_core import KernelSpec
+        >>> from kernels_core.testing import fresh_plugin_manager
+        >>> spec = KernelSpec(id="acme.rms_norm.k", kind="rms_norm", variants=("standard",), backend="acme",
+        ...                   impl="kernels_acme.ops:rms_norm")
+        >>> runnable_here(spec, fresh_plugin_manager().backends())
+        (None, None, 'no acme device detected')
+    """
+    backend = "cpu" if spec.portable else spec.backend
+    detected = [b for b, _ in backends if b.backend == backend]
+    with_devices = [b for b in detected if b.devices]
+    if not with_devices:
+        reasons = "; ".join(b.reason for b in detected if b.reason)
+        return None, None, f"no {backend} device detected" + (f" ({reasons})" if reasons else "")
+    info = with_devices[0]
+    device = info.devices[0]
+    name = device_name(info.device_type, device.index)
+    if spec.capability is not None and not spec.portable:
+        if device.capability is None or not spec.capability.contains(device.capability):
+            return None, None, f"{name} has capability {device.capability}, the kernel needs {spec.capability}"
+    if spec.archs and not spec.portable and device.arch not in spec.archs:
+        return None, None, f"{name} is {device.arch}, the kernel needs one of {list(spec.archs)}"
+    for requirement in spec.requires:
+        problem = _requirement_problem(requirement)
+        if problem:
+            return None, None, problem
+    return name, device, ""

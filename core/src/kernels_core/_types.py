@@ -1,23 +1,29 @@
 """Plain, frozen values that cross the plugin boundary.
 
-Everything a plugin hands to the core is one of these dataclasses. They hold no torch objects and import no
-kernel code, so listing devices and kernels stays cheap; each validates itself on construction so that a
-malformed declaration fails inside the plugin that made it, where the loader can isolate it.
+Everything a plugin hands to the core is one of these dataclasses. They import neither torch nor kernel code (a
+conformance case holds the functions that build its module), so listing devices and kernels stays cheap; each
+validates itself on construction so that a malformed declaration fails inside the plugin that made it, where the
+loader can isolate it. :func:`device_name` names a device as reports and listings do.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Any
+
+from .persisted import Persisted
 
 
 __all__ = [
     "BackendInfo",
     "Binding",
     "CapabilityRange",
+    "ConformanceCase",
     "DeviceInfo",
     "KernelSpec",
     "Decline",
@@ -25,6 +31,7 @@ __all__ = [
     "Match",
     "Mode",
     "Supports",
+    "device_name",
 ]
 
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
@@ -148,6 +155,16 @@ class DeviceInfo:
             and all(isinstance(v, int) for v in self.capability)
         ):
             raise ValueError(f"capability {self.capability!r} must be a (major, minor) tuple of ints or None")
+
+
+def device_name(device_type: str, index: int) -> str:
+    """How a tensor on this device prints its device, the name reports and listings use.
+
+    Example:
+        >>> device_name("cpu", 0), device_name("cuda", 1)
+        ('cpu', 'cuda:1')
+    """
+    return device_type if device_type == "cpu" else f"{device_type}:{index}"
 
 
 @dataclass(frozen=True)
@@ -392,7 +409,7 @@ class Binding:
 
 
 @dataclass(frozen=True)
-class Match:
+class Match(Persisted):
     """A matcher's verdict that a module computes a layer kind's math, in one variant.
 
     Args:
@@ -444,3 +461,60 @@ class Decline:
             raise ValueError("a Decline needs a reason")
         if not isinstance(self.unrecognized, bool):
             raise ValueError(f"Decline.unrecognized must be a bool, not {type(self.unrecognized).__name__}")
+
+
+def _output_tensors(output: Any) -> tuple[Any, ...]:
+    """The tensors of a forward's output: itself, or the tensors of a tuple (first level)."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return (output,)
+    if isinstance(output, (tuple, list)):
+        return tuple(t for t in output if isinstance(t, torch.Tensor))
+    raise TypeError(f"forward returned {type(output).__name__}; give the case an `outputs` function")
+
+
+@dataclass(frozen=True)
+class ConformanceCase:
+    """One module of a layer kind on which every kernel of the kind must reproduce the module's own forward.
+
+    Example:
+        >>> import torch
+        >>> case = ConformanceCase("standard", "LayerNorm(37)",
+        ...                        build=lambda device, dtype: (torch.nn.LayerNorm(37).to(device, dtype), ""),
+        ...                        inputs=lambda target, gen: ((torch.randn(3, 37, generator=gen),), {}))
+        >>> case.variant
+        'standard'
+
+    Args:
+        variant: the kind's variant the module computes; the kind's matcher must report it.
+        name: shown in the check's table (``"LlamaRMSNorm(37)"``).
+        build: ``build(device, dtype) -> (root, target)``: a module tree on ``device`` in ``dtype``, and the
+            qualified name of the module of the kind inside it (``""`` for the root). The root is what the
+            matcher sees as the model (rotary sizes, configuration).
+        inputs: ``inputs(target, generator) -> (args, kwargs)`` for the target's forward, drawn from the CPU
+            ``generator`` and placed on the target's device. Floating-point tensors among the top-level
+            arguments get gradients when the kernel declares a backward.
+        outputs: ``outputs(result) -> tuple of tensors`` to compare; by default the result itself, or the
+            tensors of a returned tuple.
+        factor: the case's bound is ``factor * tolerance(dtype)``; above 1 where the kernel's rounding passes
+            through further layers before the compared outputs (a decoder layer, a whole model).
+    """
+
+    variant: str
+    name: str
+    build: Callable[[Any, Any], tuple[Any, str]]
+    inputs: Callable[[Any, Any], tuple[tuple[Any, ...], dict[str, Any]]]
+    outputs: Callable[[Any], tuple[Any, ...]] = _output_tensors
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.variant, str) or not self.variant:
+            raise ValueError(f"conformance case {self.name!r}: variant must be a non-empty string")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("a conformance case needs a name")
+        for what in ("build", "inputs", "outputs"):
+            if not callable(getattr(self, what)):
+                raise ValueError(f"conformance case {self.name!r}: {what} must be callable")
+        if not isinstance(self.factor, (int, float)) or not self.factor > 0:
+            raise ValueError(f"conformance case {self.name!r}: factor {self.factor!r} must be a positive number")

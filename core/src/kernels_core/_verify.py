@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._forward import load_ref
 from ._kinds._context import MatchContext
 from ._kinds._context import Probe
 from ._kinds._context import ProbeRandomness
@@ -45,6 +44,7 @@ from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._plugin_info import PluginInfo
 from ._plugin_info import warn_fallback
+from ._refs import load_ref
 from ._types import Match
 
 

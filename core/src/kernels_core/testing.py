@@ -16,21 +16,23 @@ from typing import Any
 import torch
 
 from ._check import CheckReport
-from ._check import ConformanceCase
 from ._check import check
+from ._check import tolerance
 from ._config import ENV_CONFIG
 from ._config import ENV_DISABLE
 from ._config import ENV_STRICT_CONFIG
 from ._kinds import _reference as reference
+from ._kinds._conformance import FAMILIES
+from ._kinds._conformance import tiny_causal_lm
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
 from ._manager import ENV_STRICT
 from ._manager import ENV_TRACE
 from ._manager import KernelsPluginManager
 from ._plugin_info import reset_fallbacks
+from ._types import ConformanceCase
 from .integrations._llamafactory_tiny import save_tiny_chat_model
 from .integrations._llamafactory_tiny import write_tiny_sft_dataset
-from .plugin import kernel_tolerance
 
 
 __all__ = [
@@ -52,12 +54,6 @@ __all__ = [
 # checkout's own kernels.toml / pyproject.toml cannot change what a test sees.
 ENVIRONMENT_VARIABLES = (ENV_CONFIG, ENV_DISABLE, ENV_STRICT_CONFIG, ENV_ALLOW, ENV_BLOCK, ENV_STRICT, ENV_TRACE)
 
-def tolerance(dtype: torch.dtype) -> float:
-    """The relative error a kernel may show against the eager module in ``dtype`` (see
-    :data:`kernels_core.plugin.TOLERANCES`, which says why each bound is what it is)."""
-    return kernel_tolerance(dtype)
-
-
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.dtype | None = None,
                  factor: float = 1.0, what: str = "") -> None:
     """Assert ``max|a - e| / max|e| <= factor * tolerance(dtype)``; NaNs never pass."""
@@ -68,42 +64,6 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, dtype: torch.d
     err = float((a - e).abs().max() / e.abs().max().clamp_min(1e-12))
     bound = factor * tolerance(dtype)
     assert err <= bound, f"{what}: relative error {err:.3e} exceeds {bound:.1e} ({dtype})"
-
-
-# Tiny configurations of the families the core is tested on; sizes are odd where the architecture allows.
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "mistral": {},
-    "qwen2": {},
-    "qwen3": {},
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "decoder_sparse_step": 1,
-                  "mlp_only_layers": []},
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "gemma": {"hidden_activation": "gelu_pytorch_tanh"},
-    "gemma2": {"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": 30.0},
-    "gemma3_text": {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4},
-    "phi3": {"pad_token_id": 0},
-}
-
-
-def tiny_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                   **overrides: Any) -> torch.nn.Module:
-    """A randomly initialised ``AutoModelForCausalLM`` of ``model_type`` with two small layers (no download)."""
-    from transformers import AutoConfig
-    from transformers import AutoModelForCausalLM
-
-    settings: dict[str, Any] = {
-        "hidden_size": 48, "intermediate_size": 72, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 12, "vocab_size": 101, "max_position_embeddings": 64,
-        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-    }
-    settings.update(FAMILIES.get(model_type, {}))
-    settings.update(overrides)
-    config = AutoConfig.for_model(model_type, **settings)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.config.use_cache = False
-    return model
 
 
 def fresh_plugin_manager(*plugins: tuple[object, str], portable: bool = True) -> KernelsPluginManager:

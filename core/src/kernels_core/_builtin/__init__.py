@@ -10,12 +10,12 @@ import os
 import platform
 from collections.abc import Iterable
 
+from .._hookspec import PLUGIN_API_VERSION
+from .._hookspec import hookimpl
 from .._kinds import CORE_KINDS
 from .._types import BackendInfo
 from .._types import DeviceInfo
 from .._types import LayerKind
-from ..plugin import PLUGIN_API_VERSION
-from ..plugin import hookimpl
 
 
 __all__ = ["KERNELS_CORE_PLUGIN_API", "kernels_core_detect_devices", "kernels_core_layer_kinds"]

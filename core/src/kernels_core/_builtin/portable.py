@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .._hookspec import PLUGIN_API_VERSION
+from .._hookspec import hookimpl
 from .._types import KernelSpec
-from ..plugin import PLUGIN_API_VERSION
-from ..plugin import hookimpl
 
 
 __all__ = ["KERNELS_CORE_PLUGIN_API", "kernels_core_kernels"]

@@ -15,10 +15,46 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._check import ConformanceCase
+from .._types import ConformanceCase
 
 
-__all__ = ["CORE_CASES"]
+__all__ = ["CORE_CASES", "FAMILIES", "tiny_causal_lm"]
+
+# Tiny configurations of the families the core is tested on; sizes are odd where the architecture allows.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "decoder_sparse_step": 1,
+                  "mlp_only_layers": []},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gemma": {"hidden_activation": "gelu_pytorch_tanh"},
+    "gemma2": {"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": 30.0},
+    "gemma3_text": {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4},
+    "phi3": {"pad_token_id": 0},
+}
+
+
+def tiny_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   **overrides: Any) -> torch.nn.Module:
+    """A randomly initialised ``AutoModelForCausalLM`` of ``model_type`` with two small layers (no download)."""
+    from transformers import AutoConfig
+    from transformers import AutoModelForCausalLM
+
+    settings: dict[str, Any] = {
+        "hidden_size": 48, "intermediate_size": 72, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 12, "vocab_size": 101, "max_position_embeddings": 64,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    settings.update(FAMILIES.get(model_type, {}))
+    settings.update(overrides)
+    config = AutoConfig.for_model(model_type, **settings)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
 
 _HIDDEN = 44
 _SETTINGS = {"hidden_size": _HIDDEN, "intermediate_size": 67, "vocab_size": 101, "head_dim": 12}
@@ -37,8 +73,6 @@ def _perturb_norms(module: nn.Module, generator: torch.Generator) -> None:
 
 def _model(family: str, **overrides: Any) -> Callable[[torch.device, torch.dtype], nn.Module]:
     def build(device: torch.device, dtype: torch.dtype) -> nn.Module:
-        from ..testing import tiny_causal_lm
-
         model = tiny_causal_lm(family, dtype=dtype, **{**_SETTINGS, **overrides})
         _perturb_norms(model, torch.Generator().manual_seed(7))
         return model.to(device)

@@ -33,10 +33,13 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .._binding import FOREIGN_FORWARD
+from .._binding import instance_override
+from .._binding import original_forward
 from .._forward import decorator_chain_problem
+from .._tolerance import probe_close as close
+from .._tolerance import rel_error
 from .._types import Match
-from ..plugin import probe_close as close
-from ..plugin import rel_error
 from ._zero3 import full_shape
 from ._zero3 import gathered
 
@@ -46,13 +49,9 @@ __all__ = [
     "Probe",
     "ProbeRandomness",
     "probe_behaviour",
-    "accelerate_hooked",
-    "FOREIGN_FORWARD",
     "cache_keyword",
     "dtensor_placements",
-    "forward_slot",
     "fsdp_module_type",
-    "instance_override",
     "math_key",
     "close",
     "module_device",
@@ -63,7 +62,6 @@ __all__ = [
     "reroute_blocker",
 ]
 
-BINDING_ATTR = "_kernels_core_binding"
 
 # What a bitsandbytes linear's first forward sets for good (see MatchContext.run_probe).
 _BNB_STATE = ("compute_dtype", "compute_type_is_set")
@@ -121,37 +119,6 @@ def positional_arity(fn: Callable[..., Any]) -> tuple[int, bool]:
     params = list(inspect.signature(fn).parameters.values())[1:]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional), any(p.kind is p.VAR_POSITIONAL for p in params)
-
-
-def accelerate_hooked(module: nn.Module) -> bool:
-    """Whether accelerate's ``add_hook_to_module`` wrapped this instance (the class forward is in ``_old_forward``)."""
-    namespace = module.__dict__
-    return "_hf_hook" in namespace and "_old_forward" in namespace
-
-
-def forward_slot(module: nn.Module) -> str:
-    """The instance attribute holding the module's own math: ``_old_forward`` under accelerate's hooks."""
-    return "_old_forward" if accelerate_hooked(module) else "forward"
-
-
-# Why a module whose forward other code replaced per instance is left alone (the report's reason starts so).
-FOREIGN_FORWARD = "the instance forward was already replaced by other code"
-
-
-def instance_override(module: nn.Module) -> object | None:
-    """What replaced the class forward on this instance before kernels-core bound anything, or None.
-
-    accelerate's hook partial is not an override (the math is what it calls), and neither is the class forward
-    bound to the instance, which is what accelerate stores when it wraps a plain module.
-    """
-    slot = forward_slot(module)
-    record = module.__dict__.get(BINDING_ATTR)
-    value = record.previous.get(slot) if record is not None and slot in record.previous else module.__dict__.get(slot)
-    if value is None or (record is not None and value is record.MISSING):
-        return None
-    if getattr(value, "__self__", None) is module and getattr(value, "__func__", None) is type(module).forward:
-        return None
-    return value
 
 
 def dtensor_placements(tensor: object) -> str | None:
@@ -431,14 +398,7 @@ class MatchContext:
         module kernelized before, never a kernel. Under accelerate's hooks it is ``_old_forward``: probing it
         directly skips only the device moves, which a probe built on the module's own device does not need.
         """
-        slot = forward_slot(module)
-        record = module.__dict__.get(BINDING_ATTR)
-        if record is not None and slot in record.previous:
-            previous = record.previous[slot]
-            if previous is not record.MISSING:
-                return previous
-            return type(module).forward.__get__(module, type(module))
-        return getattr(module, slot)
+        return original_forward(module)
 
     def _fsdp_units(self, module: nn.Module) -> list[nn.Module]:
         """FSDP2 units owning parameters of ``module`` that are sharded right now (empty without FSDP2)."""

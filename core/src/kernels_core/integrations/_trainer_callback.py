@@ -27,6 +27,7 @@ from torch import nn
 from transformers.trainer_callback import TrainerCallback
 from transformers.utils import logging as hf_logging
 
+from .._binding import forward_slot
 from .._config import ConfigError
 from .._config import KernelsConfig
 from .._config import load_config
@@ -34,7 +35,6 @@ from .._kernelize import REPORT_ATTR
 from .._kernelize import _find_backend
 from .._kernelize import get_report
 from .._kernelize import kernelize
-from .._kinds._context import forward_slot
 from .._manager import KernelsPluginManager
 from .._manager import get_plugin_manager
 from .._report import KernelizeReport
