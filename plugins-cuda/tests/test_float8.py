@@ -55,6 +55,23 @@ def float8():
     return _float8
 
 
+def _cpu_rowwise_problem() -> str | None:
+    """Why this torch cannot run the rowwise recipe on the CPU, or None: its CPU ``_scaled_mm`` takes per-row and
+    per-column scales from torch 2.13 on (2.11 asserts per-tensor scales), where GPUs took them long before."""
+    one = torch.ones(16, 16, dtype=torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(one, one.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as exc:
+        return f"torch {torch.__version__}'s CPU _scaled_mm takes per-tensor scales only ({type(exc).__name__})"
+    return None
+
+
+def _recipe_here(recipe: str, emulate: bool = False) -> None:
+    """Skip a rowwise case that needs the CPU's own float8 product where this torch has none for row scales."""
+    if recipe == "rowwise" and not emulate and (problem := _cpu_rowwise_problem()):
+        pytest.skip(problem)
+
+
 def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     assert bool(torch.isfinite(actual).all())
@@ -89,6 +106,7 @@ def _state(model):
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
 @pytest.mark.parametrize(("rows", "k", "n", "bias"), [(14, 48, 80, False), (32, 208, 144, True), (3, 80, 48, False)])
 def test_forward_and_backward_within_the_fp8_bound(float8, recipe, emulate, rows, k, n, bias):
+    _recipe_here(recipe, emulate)
     # Rows not a multiple of 16 (14, 3) take the padded weight-gradient product.
     gen = torch.Generator().manual_seed(rows + k)
     x = (torch.randn(rows, k, generator=gen) * 2 + 0.3).to(torch.bfloat16).requires_grad_()
@@ -109,20 +127,24 @@ def test_forward_and_backward_within_the_fp8_bound(float8, recipe, emulate, rows
     assert not torch.equal(out, ref)
 
 
-def test_autocast_casts_like_f_linear(float8):
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_autocast_casts_like_f_linear(float8, recipe):
+    _recipe_here(recipe)
     x = torch.randn(2, 16, 32)
     w = torch.randn(48, 32, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = float8.float8_rowwise_linear(x, w)
+        out = getattr(float8, f"float8_{recipe}_linear")(x, w)
         ref = torch.nn.functional.linear(x, w)
     assert out.dtype == ref.dtype == torch.bfloat16
     assert _rel(out, ref) <= BOUND
 
 
-def test_traces_into_one_graph(float8):
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_traces_into_one_graph(float8, recipe):
+    _recipe_here(recipe)
     x = torch.randn(2, 7, 48, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(80, 48, dtype=torch.bfloat16, requires_grad=True)
-    for fn in (float8.float8_rowwise_linear, float8.float8_tensorwise_linear):
+    for fn in (getattr(float8, f"float8_{recipe}_linear"),):
         torch._dynamo.reset()
         compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
         out = compiled(x, w)
@@ -141,6 +163,7 @@ def test_declarations():
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
 def test_kernelize_binds_every_projection_reports_and_unkernelize_restores(float8, recipe, monkeypatch):
+    _recipe_here(recipe)
     model, reference = _model(), _model()
     before = _state(model)
     kernels_core.kernelize(model, mode=COMPILED, device="cuda", config=_request(recipe), plugin_manager=_pm())
@@ -181,7 +204,7 @@ def test_kernelize_binds_every_projection_reports_and_unkernelize_restores(float
     assert _state(model) == before
 
 
-def _refused(model, pm, *, mode=COMPILED, recipe="rowwise", device="cuda"):
+def _refused(model, pm, *, mode=COMPILED, recipe="tensorwise", device="cuda"):
     before = _state(model)
     with pytest.raises(KernelizeError) as raised:
         kernels_core.kernelize(model, mode=mode, device=device, config=_request(recipe), plugin_manager=pm)
@@ -210,6 +233,7 @@ def test_a_missing_or_too_old_torchao_raises():
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
 def test_conformance_check_on_the_cpu(float8, recipe):
+    _recipe_here(recipe)
     """The linear kind's conformance cases (``kernels-core check``), eager and traced, with the kernel declared for the
     CPU backend here: the same implementation, on torch's CPU float8 products."""
     from kernels_core.testing import assert_conforms

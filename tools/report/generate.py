@@ -124,6 +124,28 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 label=f"Trainer under ZeRO-{stage.group(1)}, Qwen3-0.6B: {how.replace('`', '')} "
                       f"({short_device(data)}) vs plain Trainer")
     for stem, data in results.items():
+        if not (stem.startswith("trainer-lora") and "results" in data):
+            continue
+        tok, peak = trainer_numbers(data)
+        if not {"plain", "liger", "kernelize"} <= tok.keys():
+            continue
+        add(stem, "Trainer + PEFT LoRA on every decoder linear, Qwen3-0.6B shape: `KernelizeCallback`",
+            "plain PEFT / `use_liger_kernel=True`", tok["kernelize"] / tok["plain"],
+            f"**{tok['kernelize'] / tok['plain']:.2f}x** / {tok['kernelize'] / tok['liger']:.2f}x "
+            f"({thousands(tok['kernelize'])} tok/s)",
+            f"{peak['kernelize'] / peak['plain']:.2f}x / {peak['kernelize'] / peak['liger']:.2f}x "
+            f"({peak['kernelize']:.1f} GiB)", commit_of(data),
+            label=f"Trainer + LoRA, Qwen3-0.6B: KernelizeCallback ({short_device(data)}) vs plain PEFT")
+    for stem, data in results.items():
+        if not (stem.startswith("fp8-accuracy") and data.get("summary")):
+            continue
+        for variant, summary in data["summary"].items():
+            recipe = variant.removeprefix("fp8_")
+            add(stem, f"FP8 training ({recipe}), Llama-3.1-8B shape (4 layers), 300 steps of a learnable task: "
+                "kernelize + compile + FP8", "kernelize + compile, bf16", summary["tokens_per_s_ratio"],
+                f"{summary['tokens_per_s_ratio']:.2f}x; final loss {summary['final_loss_rel_diff']:+.2%}", "-",
+                commit_of(data), label=f"FP8 {recipe}, Llama-3.1-8B (4 layers) ({short_device(data)}) vs bf16")
+    for stem, data in results.items():
         if not stem.startswith("distributed-") or stem in PAGE_ONLY:
             continue
         model = model_name(data)
