@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import copyreg
 import io
 import pickle
@@ -17,6 +16,7 @@ from kernels_core import Mode
 from kernels_core import reset_plugin_manager
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import tiny_causal_lm
+from round_trips import round_trip
 
 
 pytest.importorskip("transformers")
@@ -32,15 +32,6 @@ def installed(pm):
     reset_plugin_manager(previous)
 
 
-def _copy(model, how):
-    if how == "deepcopy":
-        return copy.deepcopy(model)
-    if how == "pickle":
-        return pickle.loads(pickle.dumps(model))
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=False)
 
 
 def _kernelized(pm, *, config=None):
@@ -78,7 +69,7 @@ def test_a_copy_runs_the_kernels_it_was_saved_with(installed, monkeypatch, how):
     ids = torch.randint(3, 100, (2, 7))
     expected = _logits(model, ids)
     calls = _counting_rms_norm(monkeypatch)
-    clone = _copy(model, how)
+    clone = round_trip(model, how)
     assert torch.equal(_logits(clone, ids), expected)
     assert calls["rms_norm"] == norms, "every bound RMSNorm of the copy runs the kernel it was saved with"
     assert kernels_core.get_report(clone) == report
@@ -118,7 +109,7 @@ def test_a_kernel_not_installed_where_the_model_loads_falls_back_and_says_how_to
     ids = torch.randint(3, 100, (2, 7))
     expected = _logits(model, ids)
     reset_plugin_manager(fresh_plugin_manager(portable=False))
-    clone = _copy(model, how)  # loads: nothing is looked up until it would run
+    clone = round_trip(model, how)  # loads: nothing is looked up until it would run
     with pytest.warns(KernelFallbackWarning) as caught:
         got = _logits(clone, ids)
     torch.testing.assert_close(got, expected)
@@ -139,7 +130,7 @@ def test_a_kernel_not_installed_where_the_model_loads_falls_back_and_says_how_to
 def test_a_preferred_kernel_not_installed_where_the_model_loads_raises_at_each_call(installed):
     model = _kernelized(installed, config={"kinds": {"rms_norm": {"prefer": {"any": ["any.rms_norm.recompute"]}}}})
     reset_plugin_manager(fresh_plugin_manager(portable=False))
-    clone = _copy(model, "pickle")
+    clone = round_trip(model, "pickle")
     # The automatically chosen kernels (the causal mask, the decoder layers around the norm) fall back and warn.
     with pytest.warns(KernelFallbackWarning), pytest.raises(
             KernelizeError, match=r"'any.rms_norm.recompute', preferred by configuration, cannot run") as info:

@@ -9,8 +9,6 @@ reason. Each test checks the report against what really runs: the reference plug
 from __future__ import annotations
 
 import copy
-import io
-import pickle
 import re
 import types
 import warnings
@@ -32,6 +30,7 @@ from kernels_core.testing import assert_close
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import reference
 from kernels_core.testing import tiny_causal_lm
+from round_trips import round_trip
 
 
 transformers = pytest.importorskip("transformers")
@@ -356,15 +355,6 @@ def test_gpu_a_cuda_kernel_moved_to_the_cpu_falls_back_to_the_own_forward():
 
 # --- Copies ------------------------------------------------------------------------------------------------------
 
-def _copy(model, how):
-    if how == "deepcopy":
-        return copy.deepcopy(model)
-    if how == "pickle":
-        return pickle.loads(pickle.dumps(model))
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=False)
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "torch_save", "pickle"])
@@ -372,7 +362,7 @@ def test_copies_keep_the_report_and_their_own_bindings(ref_installed, calls, how
     model = tiny_causal_lm("llama")
     kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_installed)
     report = kernels_core.get_report(model)
-    clone = _copy(model, how)
+    clone = round_trip(model, how)
     assert kernels_core.get_report(clone) == report
     calls.clear()
     expected, _ = _step(clone, Mode.INFERENCE)

@@ -60,6 +60,22 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 # The README's headline table: one row per result, short cells, ratios against the baseline of the same run.
 
 
+# trainer_bench results in the headline, per file-name prefix: (variant, what, against, chart label); each row
+# compares the variant with the plain Trainer and with use_liger_kernel=True of the same file.
+_AGAINST = "plain Trainer / `use_liger_kernel=True`"
+TRAINER_ROWS = (
+    ("trainer-fsdp2-", (("kernelize", "Trainer under FSDP2, Qwen3-0.6B shape: `KernelizeCallback`", _AGAINST,
+                         "Trainer under FSDP2, Qwen3-0.6B: KernelizeCallback vs plain Trainer"),)),
+    ("trainer-zero", (("kernelize_before", "Trainer under DeepSpeed ZeRO-{stage}, Qwen3-0.6B shape: kernelize, then "
+                       "the Trainer", _AGAINST, "Trainer under ZeRO-{stage}, Qwen3-0.6B: kernelize, then the Trainer"),
+                      ("kernelize", "Trainer under DeepSpeed ZeRO-{stage}, Qwen3-0.6B shape: `KernelizeCallback`",
+                       _AGAINST, "Trainer under ZeRO-{stage}, Qwen3-0.6B: KernelizeCallback vs plain Trainer"))),
+    ("trainer-lora", (("kernelize", "Trainer + PEFT LoRA on every decoder linear, Qwen3-0.6B shape: "
+                       "`KernelizeCallback`", "plain PEFT / `use_liger_kernel=True`",
+                       "Trainer + LoRA, Qwen3-0.6B: KernelizeCallback vs plain PEFT"),)),
+)
+
+
 def headline_rows(results: dict[str, dict]) -> list[dict]:
     """Headline results as dicts: what, device, against, speed, memory, commit, file (and ``ratio`` for the chart).
 
@@ -92,50 +108,22 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
             f"{peak['kernelize_compile'] / peak['plain_compile']:.2f}x ({peak['kernelize_compile']:.1f} GiB)",
             c_compile)
     for stem, data in results.items():
-        if not (stem.startswith("trainer-fsdp2-") and "results" in data):
+        rows = next((rows for prefix, rows in TRAINER_ROWS if stem.startswith(prefix)), None)
+        if rows is None or "results" not in data:
             continue
         tok, peak = trainer_numbers(data)
-        if not {"plain", "liger", "kernelize"} <= tok.keys():
-            continue
+        stage = re.search(r"ZeRO-(\d)", data.get("shape", ""))
+        where = {"stage": stage.group(1) if stage else "?"}
         each = per_gpu_suffix(gpu_count(data))
-        add(stem, "Trainer under FSDP2, Qwen3-0.6B shape: `KernelizeCallback`",
-            "plain Trainer / `use_liger_kernel=True`", tok["kernelize"] / tok["plain"],
-            f"**{tok['kernelize'] / tok['plain']:.2f}x** / {tok['kernelize'] / tok['liger']:.2f}x "
-            f"({thousands(tok['kernelize'])} tok/s)",
-            f"{peak['kernelize'] / peak['plain']:.2f}x / {peak['kernelize'] / peak['liger']:.2f}x "
-            f"({peak['kernelize']:.1f} GiB{each})", commit_of(data),
-            label=f"Trainer under FSDP2, Qwen3-0.6B: KernelizeCallback ({short_device(data)}) vs plain Trainer")
-    for stem, data in results.items():
-        if not (stem.startswith("trainer-zero") and "results" in data):
-            continue
-        tok, peak = trainer_numbers(data)
-        if not {"plain", "liger", "kernelize", "kernelize_before"} <= tok.keys():
-            continue
-        stage = re.search(r"ZeRO-(\d)", data.get("shape", "")) or re.search(r"zero(\d)", stem)
-        each = per_gpu_suffix(gpu_count(data))
-        for variant, how in (("kernelize_before", "kernelize, then the Trainer"),
-                             ("kernelize", "`KernelizeCallback`")):
-            add(stem, f"Trainer under DeepSpeed ZeRO-{stage.group(1)}, Qwen3-0.6B shape: {how}",
-                "plain Trainer / `use_liger_kernel=True`", tok[variant] / tok["plain"],
+        for variant, what, against, label in rows:
+            if not {"plain", "liger", variant} <= tok.keys():
+                continue
+            add(stem, what.format(**where), against, tok[variant] / tok["plain"],
                 f"**{tok[variant] / tok['plain']:.2f}x** / {tok[variant] / tok['liger']:.2f}x "
                 f"({thousands(tok[variant])} tok/s)",
                 f"{peak[variant] / peak['plain']:.2f}x / {peak[variant] / peak['liger']:.2f}x "
                 f"({peak[variant]:.1f} GiB{each})", commit_of(data),
-                label=f"Trainer under ZeRO-{stage.group(1)}, Qwen3-0.6B: {how.replace('`', '')} "
-                      f"({short_device(data)}) vs plain Trainer")
-    for stem, data in results.items():
-        if not (stem.startswith("trainer-lora") and "results" in data):
-            continue
-        tok, peak = trainer_numbers(data)
-        if not {"plain", "liger", "kernelize"} <= tok.keys():
-            continue
-        add(stem, "Trainer + PEFT LoRA on every decoder linear, Qwen3-0.6B shape: `KernelizeCallback`",
-            "plain PEFT / `use_liger_kernel=True`", tok["kernelize"] / tok["plain"],
-            f"**{tok['kernelize'] / tok['plain']:.2f}x** / {tok['kernelize'] / tok['liger']:.2f}x "
-            f"({thousands(tok['kernelize'])} tok/s)",
-            f"{peak['kernelize'] / peak['plain']:.2f}x / {peak['kernelize'] / peak['liger']:.2f}x "
-            f"({peak['kernelize']:.1f} GiB)", commit_of(data),
-            label=f"Trainer + LoRA, Qwen3-0.6B: KernelizeCallback ({short_device(data)}) vs plain PEFT")
+                label=f"{label.format(**where)} ({short_device(data)})")
     for stem, data in results.items():
         if not (stem.startswith("fp8-accuracy") and data.get("summary")):
             continue
