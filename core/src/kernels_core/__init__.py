@@ -27,6 +27,7 @@ from ._manager import PluginError
 from ._manager import PluginInfo
 from ._manager import get_plugin_manager
 from ._manager import reset_plugin_manager
+from ._plugin_info import PluginStatus
 from ._report import KernelizeReport
 from ._report import ReportEntry
 from ._resolve import KernelizeError
@@ -69,6 +70,7 @@ __all__ = [
     "Mode",
     "PluginError",
     "PluginInfo",
+    "PluginStatus",
     "ReportEntry",
     "Supports",
     "detect_devices",

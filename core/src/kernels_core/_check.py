@@ -36,6 +36,7 @@ from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._manager import get_plugin_manager
+from ._plugin_info import PluginStatus
 from ._resolve import runnable_here
 from ._tolerance import kernel_tolerance
 from ._types import BackendInfo
@@ -190,8 +191,8 @@ def check(
     results: list[CheckResult] = []
     for name in sorted(selected):
         info = infos[name]
-        if info.status != "loaded":
-            status = SKIPPED if info.status == "blocked" else FAIL
+        if info.status != PluginStatus.LOADED:
+            status = SKIPPED if info.status == PluginStatus.BLOCKED else FAIL
             results.append(CheckResult("-", name, "-", status, reason=f"plugin {info.status}: {info.reason}"))
         elif plugins and not any(p.plugin.name == name for p in provided):
             results.append(CheckResult("-", name, "-", SKIPPED, reason="the plugin declares no kernels"))

@@ -24,6 +24,7 @@ from ._config import KernelsConfig
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
 from ._manager import KernelsPluginManager
+from ._plugin_info import PluginStatus
 from ._types import ANY_BACKEND
 
 
@@ -94,7 +95,7 @@ class _Installed:
         backends = {b.backend for b, _plugin in pm.backends()} | {backend for _kind, backend in kernels.values()}
         return cls(
             plugins=frozenset(p.name for p in plugins),
-            not_loaded=tuple(sorted(p.name for p in plugins if p.status != "loaded")),
+            not_loaded=tuple(sorted(p.name for p in plugins if p.status != PluginStatus.LOADED)),
             kernels=kernels,
             kinds={name: provided.kind for name, provided in pm.layer_kinds().items()},
             backends=frozenset(backends | {ANY_BACKEND}),

@@ -32,8 +32,10 @@ from ._plugin_checks import cross_check
 from ._plugin_info import ENV_STRICT
 from ._plugin_info import Contribution
 from ._plugin_info import KernelFallbackWarning
+from ._plugin_info import KernelProblem
 from ._plugin_info import PluginError
 from ._plugin_info import PluginInfo
+from ._plugin_info import PluginStatus
 from ._plugin_info import ProvidedKernel
 from ._plugin_info import ProvidedKind
 from ._plugin_info import canonical_distribution
@@ -169,7 +171,8 @@ class KernelsPluginManager:
     def plugins(self) -> list[PluginInfo]:
         """Every plugin seen, loaded or not (refused entry points included), sorted by name."""
         self._ensure_collected()
-        return sorted([*self._infos.values(), *self._refused], key=lambda info: (info.name, info.status != "loaded"))
+        return sorted([*self._infos.values(), *self._refused],
+                      key=lambda info: (info.name, info.status != PluginStatus.LOADED))
 
     @property
     def conflicts(self) -> list[str]:
@@ -205,7 +208,7 @@ class KernelsPluginManager:
                 continue
             skip_reason = self._blocked_reason(ep.name)
             if skip_reason:
-                self._infos[ep.name] = replace_info(info, status="blocked", reason=skip_reason)
+                self._infos[ep.name] = replace_info(info, status=PluginStatus.BLOCKED, reason=skip_reason)
                 logger.debug("plugin %r not loaded: %s", ep.name, skip_reason)
                 continue
             try:
@@ -223,7 +226,7 @@ class KernelsPluginManager:
             self._register(_builtin, PluginInfo(name="builtin", module=RESERVED["builtin"]))
 
     def _refuse(self, info: PluginInfo, reason: str) -> None:
-        refused = replace_info(info, status="refused", reason=reason)
+        refused = replace_info(info, status=PluginStatus.REFUSED, reason=reason)
         self._refused.append(refused)
         message = f"kernels-core plugin {info.name!r} ({info.origin}) refused: {reason}"
         self._load_conflicts.append(message)
@@ -245,11 +248,11 @@ class KernelsPluginManager:
             raise ValueError(f"the plugin name {name!r} is reserved for kernels-core's own {RESERVED[name]}; "
                              f"register {module_name!r} under another name")
         info = PluginInfo(name=name, module=module_name, distribution=distribution, version=version)
-        if name in self._infos and self._infos[name].status == "loaded":
+        if name in self._infos and self._infos[name].status == PluginStatus.LOADED:
             raise ValueError(f"a plugin named {name!r} is already registered ({self._infos[name].origin})")
         skip_reason = self._blocked_reason(name)
         if skip_reason:
-            info = replace_info(info, status="blocked", reason=skip_reason)
+            info = replace_info(info, status=PluginStatus.BLOCKED, reason=skip_reason)
             self._infos[name] = info
             return info
         self._register(plugin, info)
@@ -270,8 +273,8 @@ class KernelsPluginManager:
             self._soft_problems = {}
             self._rejected = []
             for name, info in list(self._infos.items()):
-                if info.status == "skipped" or (info.status == "loaded" and info.reason):
-                    self._infos[name] = replace_info(info, status="loaded", reason=None)
+                if info.status == PluginStatus.SKIPPED or (info.status == PluginStatus.LOADED and info.reason):
+                    self._infos[name] = replace_info(info, status=PluginStatus.LOADED, reason=None)
 
     def _blocked_reason(self, name: str) -> str | None:
         if name in UNBLOCKABLE:
@@ -287,7 +290,7 @@ class KernelsPluginManager:
         info = replace_info(info, api_version=stated if isinstance(stated, str) else None)
         problem = api_problem(stated)
         if problem is not None:
-            self._infos[info.name] = replace_info(info, status="refused", reason=problem)
+            self._infos[info.name] = replace_info(info, status=PluginStatus.REFUSED, reason=problem)
             message = f"kernels-core plugin {info.name!r} ({info.origin}) refused: {problem}"
             if self.strict:
                 raise PluginError(info.name, message)
@@ -324,7 +327,7 @@ class KernelsPluginManager:
                             "wrappers only: @hookimpl(wrapper=True), returning the (edited) result")
 
     def _fail(self, info: PluginInfo, reason: str, exc: BaseException | None = None) -> None:
-        self._infos[info.name] = replace_info(info, status="failed", reason=reason)
+        self._infos[info.name] = replace_info(info, status=PluginStatus.FAILED, reason=reason)
         message = f"kernels-core plugin {info.name!r} ({info.origin}) skipped: {reason}"
         if self.strict:
             raise PluginError(info.name, message) from exc
@@ -355,7 +358,8 @@ class KernelsPluginManager:
     def _collect(self) -> dict[str, Contribution]:
         # Recomputed on every collection (a strict failure may have left a partial one behind).
         self._collect_conflicts, self._soft_problems, self._rejected = [], {}, []
-        contributions = {name: Contribution() for name, i in sorted(self._infos.items()) if i.status == "loaded"}
+        contributions = {name: Contribution() for name, i in sorted(self._infos.items())
+                         if i.status == PluginStatus.LOADED}
         failed: dict[str, tuple[str, BaseException | None]] = {}
         for hook, (_type, slot) in DECLARATIONS.items():
             declared, faults = self._pm.declare(hook)
@@ -380,13 +384,13 @@ class KernelsPluginManager:
             self._rejected.append((spec, self._infos[name], reason))
             self._soft_problem(name, f"kernel {spec.id!r} ignored: {reason}")
         for name, problems in self._soft_problems.items():
-            if self._infos[name].status == "loaded":
+            if self._infos[name].status == PluginStatus.LOADED:
                 self._infos[name] = replace_info(self._infos[name], reason="; ".join(problems))
         return found.kept
 
     def _skip(self, name: str, reason: str, error: BaseException | None = None, *, clash: bool = False) -> None:
         """Skip a loaded plugin whole for this collection: warned (as a conflict for a clash), raised if strict."""
-        self._infos[name] = replace_info(self._infos[name], status="skipped", reason=reason)
+        self._infos[name] = replace_info(self._infos[name], status=PluginStatus.SKIPPED, reason=reason)
         message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
         if clash:
             self._note_conflict(message)
@@ -444,18 +448,19 @@ class KernelsPluginManager:
             spec, plugin = provided.spec, provided.plugin
             found = []
             if spec.backend not in detectable:
-                found.append(("undetectable backend",
+                found.append((KernelProblem.UNDETECTABLE_BACKEND,
                               f"backend {spec.backend!r} is detected by no installed plugin (detectable: "
                               f"{', '.join(sorted(detectable))}), so this kernel is never chosen; install the "
                               "plugin that drives it, or fix the backend name"))
             elif (why := runnable_here(spec, backends)[2]):
-                found.append(("cannot run here", why))
+                found.append((KernelProblem.CANNOT_RUN_HERE, why))
             cause = fallbacks.get((plugin.name, spec.id))
             if cause is not None:
-                found.append(("fell back", f"passed over in this process: {cause}"))
+                found.append((KernelProblem.FELL_BACK, f"passed over in this process: {cause}"))
             elif locate_impls and (missing := locate_problem(spec.impl)) is not None:
-                found.append(("impl missing", f"impl {spec.impl!r}: {missing}; kernelize passes it over for the "
-                                              f"next kernel (reinstall or fix {plugin.distribution or plugin.name})"))
+                found.append((KernelProblem.IMPL_MISSING,
+                              f"impl {spec.impl!r}: {missing}; kernelize passes it over for the next kernel "
+                              f"(reinstall or fix {plugin.distribution or plugin.name})"))
             if found:
                 problems[spec.id] = found
         return problems

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import re
 import threading
 import warnings
@@ -89,6 +90,37 @@ class PluginError(RuntimeError):
         self.plugin = plugin
 
 
+class PluginStatus(str, enum.Enum):
+    """Whether a plugin is in use (:attr:`PluginInfo.status`); a string too, so it compares, prints and encodes as
+    its value.
+
+    Example:
+        >>> PluginStatus.LOADED == "loaded", f"{PluginStatus.REFUSED}"
+        (True, 'refused')
+    """
+
+    LOADED = "loaded"
+    BLOCKED = "blocked"
+    REFUSED = "refused"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class KernelProblem(str, enum.Enum):
+    """Why a listed kernel will not (or may not) be used (``kernels-core kernels``, ``kernel_problems``)."""
+
+    UNDETECTABLE_BACKEND = "undetectable backend"
+    CANNOT_RUN_HERE = "cannot run here"
+    FELL_BACK = "fell back"
+    IMPL_MISSING = "impl missing"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class PluginInfo:
     """What the core knows about one plugin, for listings, reports and error messages.
@@ -105,7 +137,7 @@ class PluginInfo:
     module: str
     distribution: str | None = None
     version: str | None = None
-    status: str = "loaded"
+    status: PluginStatus = PluginStatus.LOADED
     reason: str | None = None
     api_version: str | None = None
 
