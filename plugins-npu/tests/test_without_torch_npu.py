@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from kernels_core import KernelsPluginManager, KernelizeError, Mode, get_report, kernelize
 
     pm = KernelsPluginManager(allow=("npu",))
-    print("PLUGINS", sorted((p.name, p.status) for p in pm.plugins))
+    print("PLUGINS", sorted((p.name, str(p.status)) for p in pm.plugins))
     npu = [b for b, _ in pm.backends() if b.backend == "npu"]
     print("NPU_DEVICES", [b.count for b in npu])
     if sys.argv[1] == "transformers":
