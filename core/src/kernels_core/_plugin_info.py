@@ -44,7 +44,9 @@ class KernelFallbackWarning(UserWarning):
     """An automatic choice fell back: a kernel or a layer kind could not be used, so something else runs.
 
     Issued once per kernel (or kind) and cause in a process; the message names the plugin, its distribution,
-    the kernel id and the cause. Turn it into an error with ``-W error::kernels_core.KernelFallbackWarning``.
+    the kernel id and the cause. Turn it into an error with a warnings filter:
+    ``warnings.filterwarnings("error", category=kernels_core.KernelFallbackWarning)`` (Python's ``-W`` option
+    cannot name it: it is checked before kernels-core is imported).
     """
 
 
