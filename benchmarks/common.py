@@ -315,6 +315,58 @@ def causal_lm(family: str, *, device: str | torch.device = "cuda", dtype: torch.
         return getattr(transformers, model_name)(built).to(dtype)
 
 
+# PEFT LoRA targets per ``--peft`` case of the training benchmarks: every linear layer of the decoder ("all-linear"
+# leaves lm_head out), the same plus lm_head, and QLoRA (the base layers 4-bit nf4, stored as bfloat16 so FSDP2
+# shards them like the LoRA weights).
+PEFT_TARGETS: dict[str, str | list[str]] = {
+    "lora": "all-linear",
+    "lora_lm_head": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"],
+    "qlora": "all-linear",
+}
+
+
+def quantized_copy(model: torch.nn.Module, output_dir: str) -> torch.nn.Module:
+    """``model`` saved under ``output_dir`` and loaded again with bitsandbytes 4-bit nf4 base layers (QLoRA
+    quantizes while loading; bf16 compute and quant storage) on this process's GPU."""
+    if not torch.cuda.is_available():
+        # bitsandbytes' 4-bit layers load onto a GPU; a CPU run gets the reason, not a loader traceback.
+        raise RuntimeError("QLoRA needs CUDA: bitsandbytes loads the 4-bit base layers onto a GPU")
+    from transformers import AutoModelForCausalLM
+    from transformers import BitsAndBytesConfig
+
+    path = f"{output_dir}/base"
+    model.save_pretrained(path)
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+                               bnb_4bit_quant_storage=torch.bfloat16)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant,
+                                                device_map={"": torch.cuda.current_device()})
+
+
+def with_lora(model: torch.nn.Module, case: str, output_dir: str) -> torch.nn.Module:
+    """``model`` with PEFT LoRA adapters (r 16, alpha 32, dropout 0.05) on :data:`PEFT_TARGETS` ``[case]``; for
+    ``"qlora"`` on a 4-bit copy of it (:func:`quantized_copy`, saved under ``output_dir``). The adapters' initial
+    weights are seeded, so every variant of a benchmark trains the same ones."""
+    import peft
+
+    if case == "qlora":
+        model = quantized_copy(model, output_dir)
+    config = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=PEFT_TARGETS[case])
+    torch.manual_seed(7)
+    return peft.get_peft_model(model, config)
+
+
+def fp8_linear_config(recipe: str) -> dict[str, Any]:
+    """The kernelize ``config`` that asks for kernels-cuda's FP8 linear kernel (``recipe``: ``"rowwise"`` or
+    ``"tensorwise"``) on every decoder-layer linear: an explicit request, so kernelize raises where it cannot be
+    honoured (no Hopper GPU, no torchao).
+
+    Example:
+        >>> fp8_linear_config("rowwise")
+        {'kinds': {'linear': {'prefer': {'any': ['cuda.linear.float8_rowwise']}}}}
+    """
+    return {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}}}
+
+
 def require_cuda_kernels(report: Any) -> None:
     """Refuse to time a silent no-op: without installed entry points only the core's plugins load, and kernelize
     binds no CUDA kernel (``report``: ``kernels_core.get_report(model)``)."""

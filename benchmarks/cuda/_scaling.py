@@ -32,6 +32,7 @@ def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
             "--warmup", str(args.warmup), "--device", args.device, "--repeats", str(args.repeats),
             "--optimizer", args.optimizer, "--layers-per-unit", str(args.layers_per_unit)]
     argv += ["--layers", str(args.layers)] if args.layers else []
+    argv += ["--peft", args.peft] if getattr(args, "peft", None) else []
     argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
                                    ("--no-reshard", args.no_reshard), ("--profile", args.profile),
                                    ("--host-profile", args.host_profile)) if on]

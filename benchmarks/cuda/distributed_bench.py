@@ -7,6 +7,13 @@ the other, from the same seeds and data; ``--nprocs`` repeats the job at several
         --out benchmarks/results/distributed-2xh200.json                      # scaling at 1 and 2 GPUs
     torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --model qwen3-30b-a3b-4l --batch 2 \
         --seq 4096 --variants eager,kernelize_before,compile,kernelize_compile --out /tmp/moe.json
+    torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --model llama-3.1-8b-4l --layers 32 --batch 1 \
+        --seq 4096 --variants kernelize_compile,kernelize_compile_fp8_rowwise,kernelize_compile_fp8_tensorwise \
+        --out /tmp/fp8.json                                                    # FP8 against bf16, FSDP2
+    torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --variants \
+        ds_zero3,ds_zero3_kernelize_before,ds_zero3_kernelize_after --out /tmp/zero3.json   # DeepSpeed ZeRO-3
+    torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --peft qlora \
+        --variants eager,kernelize_before,kernelize_after,liger --out /tmp/qlora.json    # QLoRA under FSDP2
     torchrun --nproc_per_node 2 -m benchmarks.cuda.distributed_bench --out /tmp/x.json --device cpu --tiny  # smoke
 
 Models: ``qwen3-0.6b`` (default) or any shape of ``models_bench.py`` (``qwen3-30b-a3b-4l``, ``mixtral-8x7b-2l``,
@@ -17,7 +24,19 @@ then ``kernelize``), ``compile`` and ``kernelize_compile`` (``torch.compile`` on
 ``fully_shard``, the usual FSDP2 recipe; the latter kernelized with ``TRAINING | TORCH_COMPILE`` first), and
 ``ddp_eager``, ``ddp_kernelize_before``, ``ddp_kernelize_after`` under DDP; ``liger``: Liger-Kernel's
 per-instance model patch (as the Trainer's ``use_liger_kernel`` applies it) before ``fully_shard``, and the
-kernelized FSDP2 variants are also compared with it. ``--layers`` sets the depth (``--model llama-3.1-8b-4l
+kernelized FSDP2 variants are also compared with it. ``kernelize_compile_fp8_rowwise`` and
+``kernelize_compile_fp8_tensorwise``: ``kernelize_compile`` with every decoder-layer linear asked for kernels-cuda's
+FP8 kernel of that scaling recipe (``[kinds.linear] prefer``; an explicit request, so where it cannot run, as on
+the CPU, the variant's row carries kernelize's refusal), compared with ``kernelize_compile`` where it is in the job,
+else ``compile``. ``ds_zero2`` and ``ds_zero3``: DeepSpeed ZeRO-2 / ZeRO-3 (``deepspeed.initialize`` with
+AdamW as the client optimizer, bf16, ``engine.backward`` and ``engine.step``), with ``ds_zero2_kernelize_before``,
+``ds_zero2_kernelize_after``, ``ds_zero3_kernelize_before`` and ``ds_zero3_kernelize_after`` kernelizing the
+module before ``deepspeed.initialize`` or ``engine.module`` after it, compared with the plain run of their stage
+(deepspeed is optional: without it those rows name ``pip install "kernels-core[deepspeed]"``). ``--peft lora``,
+``lora_lm_head`` or ``qlora`` trains PEFT LoRA adapters (r 16, alpha 32, dropout 0.05) in every variant of the job,
+added before kernelize and wrapping (QLoRA: the base saved and loaded again 4-bit nf4 by bitsandbytes with bf16
+quant storage, CUDA only; FSDP2 shards the frozen base and the adapters alike); with ``lora_lm_head`` every row
+records whether the ``lm_head`` adapter trained. ``--layers`` sets the depth (``--model llama-3.1-8b-4l
 --layers 32``: the Llama-3.1-8B shape at full depth). Batch 4 x 2048 tokens per rank by default, AdamW(fused,
 lr 1e-5) as in ``qwen3_bench.py`` (``--optimizer foreach``: torch's multi-tensor AdamW).
 Measured per variant: global tokens/s over the timed steps
@@ -26,10 +45,13 @@ timed steps, the loss of every step (mean over ranks), and from ``get_report``: 
 what was declined, and why. Rank 0 writes the JSON (rewritten after every variant, so a later hang still leaves
 the earlier results) and prints a table and the targets: kernelize in either order >= 1.15x eager tokens/s,
 <= 0.45x its peak per rank, losses within 1e-3 relative, and before/after within 3% of each other with identical
-kernel choices. With ``--nprocs``, the scaling efficiency per variant (tokens/s per GPU at N GPUs over 1 GPU's).
+kernel choices; FP8 >= 1.25x its baseline's tokens/s with losses within 1.5%; a kernelized ZeRO variant >= 1.15x
+its plain run at no more peak memory, losses within 1e-3. With ``--nprocs``, the scaling efficiency per variant
+(tokens/s per GPU at N GPUs over 1 GPU's).
 
 ``--device cpu`` runs on gloo (no timing or memory worth reading; peak memory is not measured): a smoke test of
-the script and of kernelize under FSDP2/DDP on a machine without GPUs. ``--tiny`` shrinks the model and batch.
+the script and of kernelize under FSDP2/DDP/DeepSpeed (its CPU accelerator) on a machine without GPUs.
+``--tiny`` shrinks the model and batch.
 Exit status 1 when a variant raised (its traceback is in the JSON), 0 otherwise; missed targets are printed and
 recorded, not an error.
 """
@@ -38,25 +60,31 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import pathlib
 import re
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.common import PEFT_TARGETS
 from benchmarks.common import QWEN3_0_6B
 from benchmarks.common import distributed_workers
 from benchmarks.common import environment
+from benchmarks.common import fp8_linear_config
 from benchmarks.common import host_profile_step
 from benchmarks.common import profile_step
 from benchmarks.common import require_cuda_kernels
 from benchmarks.common import settle_cpp_extension
+from benchmarks.common import with_lora
 from benchmarks.common import write_json
 from benchmarks.cuda import models_bench
 from benchmarks.cuda import qwen3_bench
@@ -77,13 +105,26 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
     "ddp_eager": ("ddp", None),
     "ddp_kernelize_before": ("ddp", "before"),
     "ddp_kernelize_after": ("ddp", "after"),
+    "kernelize_compile_fp8_rowwise": ("fsdp", "before"),
+    "kernelize_compile_fp8_tensorwise": ("fsdp", "before"),
+    "ds_zero2": ("zero2", None),
+    "ds_zero2_kernelize_before": ("zero2", "before"),
+    "ds_zero2_kernelize_after": ("zero2", "after"),
+    "ds_zero3": ("zero3", None),
+    "ds_zero3_kernelize_before": ("zero3", "before"),
+    "ds_zero3_kernelize_after": ("zero3", "after"),
 }
 DEFAULT_VARIANTS = ("eager", "kernelize_before", "kernelize_after", "ddp_eager", "ddp_kernelize_before",
                     "ddp_kernelize_after")
-COMPILED = {"compile", "kernelize_compile"}
+# kernelize_compile with every decoder-layer linear asked for kernels-cuda's FP8 kernel of this scaling recipe.
+FP8 = {"kernelize_compile_fp8_rowwise": "rowwise", "kernelize_compile_fp8_tensorwise": "tensorwise"}
+COMPILED = {"compile", "kernelize_compile", *FP8}
 # Variants patched by Liger-Kernel (its per-instance model patch, as the Trainer's use_liger_kernel applies it).
 LIGER = {"liger"}
-BASELINE = {"fsdp": "eager", "ddp": "ddp_eager"}
+BASELINE = {"fsdp": "eager", "ddp": "ddp_eager", "zero2": "ds_zero2", "zero3": "ds_zero3"}
+# DeepSpeed wrappers: deepspeed.initialize around the module at this ZeRO stage, AdamW as the client optimizer.
+ZERO_STAGE = {"zero2": 2, "zero3": 3}
+DEEPSPEED_MISSING = 'deepspeed is not installed: pip install "kernels-core[deepspeed]"'
 # A smoke-test size: every code path of the real run in seconds on CPU (vocab divisible by the world size).
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=256)
@@ -97,6 +138,12 @@ TARGET_SPEEDUP = 1.15
 TARGET_PEAK = 0.45
 TARGET_LOSS_REL = 1e-3
 TARGET_BEFORE_AFTER = 0.03
+# FP8 (issue targets: the Llama-3.1-8B shape under FSDP2): >= 1.25x kernelize + compile in bf16. Random tokens are
+# no learnable task, so the loss bound is FP8's accuracy target of 1.5% relative, not the bf16 variants' 1e-3.
+TARGET_FP8_SPEEDUP = 1.25
+TARGET_FP8_LOSS_REL = 0.015
+# DeepSpeed ZeRO-2/3: kernelized >= 1.15x the plain engine's tokens/s at no more peak memory.
+TARGET_ZERO_SPEEDUP = 1.15
 
 
 def setup(device_type: str) -> torch.device:
@@ -129,10 +176,43 @@ def summarise_report(report: Any) -> dict[str, Any]:
     }
 
 
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of a causal LM, or of the one inside a PEFT model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model.layers
+
+
 def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_after_forward: bool = True,
          layers_per_unit: int = 1) -> torch.nn.Module:
-    return distributed_workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward,
-                           layers_per_unit=layers_per_unit)
+    """FSDP2 or DDP as the distributed GPU tests wrap; a PEFT model's decoder layers sit deeper, so FSDP2 shards
+    them here the same way (one unit per ``layers_per_unit`` layers, then the root), frozen base weights and LoRA
+    weights alike."""
+    if how != "fsdp" or not hasattr(model, "get_base_model"):
+        return distributed_workers().wrap(model, how, device, reshard_after_forward=reshard_after_forward,
+                                          layers_per_unit=layers_per_unit)
+    from torch.distributed.fsdp import fully_shard
+
+    layers = list(decoder_layers(model))
+    for start in range(0, len(layers), layers_per_unit):
+        group = layers[start:start + layers_per_unit]
+        fully_shard(group if len(group) > 1 else group[0], reshard_after_forward=reshard_after_forward)
+    fully_shard(model)
+    return model
+
+
+def deepspeed_engine(model: torch.nn.Module, *, stage: int, batch: int, optimizer: torch.optim.Optimizer) -> Any:
+    """``deepspeed.initialize`` around ``model`` at ZeRO-``stage`` with ``optimizer`` as the client optimizer, bf16,
+    ``batch`` sequences per rank, no gradient accumulation or clipping (as the FSDP2 variants)."""
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise RuntimeError(DEEPSPEED_MISSING) from exc
+    config = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
+              "bf16": {"enabled": True},
+              "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
+              "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine
 
 
 def _sync(device: torch.device) -> None:
@@ -149,8 +229,12 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def baseline(name: str) -> str:
-    """The eager run a variant is compared with: compile for kernelize_compile, else the same wrapper's eager."""
+def baseline(name: str, *, ran: Collection[str]) -> str:
+    """The run a variant is compared with: compile for kernelize_compile; for an FP8 variant kernelize_compile
+    where it is in the job (``ran``), else compile; else the same wrapper's plain run (a ZeRO stage's plain
+    DeepSpeed run for its kernelized variants)."""
+    if name in FP8:
+        return "kernelize_compile" if "kernelize_compile" in ran else "compile"
     return "compile" if name == "kernelize_compile" else BASELINE[VARIANTS[name][0]]
 
 
@@ -179,48 +263,85 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     compiled = name in COMPILED
     world = dist.get_world_size()
     _free(device)
-    result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order, "compiled": compiled}
+    result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order, "compiled": compiled,
+                              "peft": args.peft}
+    if name in FP8:
+        result["fp8"] = FP8[name]
     if device.type == "cuda":
         # What the previous variant left behind: should be ~0, or the peaks below are not comparable.
         result["allocated_at_start_GiB"] = round(torch.cuda.memory_allocated(device) / GIB, 4)
 
+    if how in ZERO_STAGE and importlib.util.find_spec("deepspeed") is None:
+        raise RuntimeError(DEEPSPEED_MISSING)  # before building anything: the reason, not a traceback
     model = build_model(args.model, tiny=args.tiny, device=device, layers=args.layers)
+    if args.peft is not None:
+        # LoRA before everything else, in every variant (the Trainer gets a PEFT model and wraps it likewise).
+        with tempfile.TemporaryDirectory(prefix=f"distributed-bench-{args.peft}-{dist.get_rank()}-") as tmp:
+            model = with_lora(model, args.peft, tmp)
     model.train()
     if name in LIGER:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-        _apply_liger_kernel_to_instance(model=model)
+        # The Trainer patches a PEFT model's base model.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        _apply_liger_kernel_to_instance(model=base)
     if order == "before":
         mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
-        kernels_core.kernelize(model, mode=mode)
+        config = fp8_linear_config(FP8[name]) if name in FP8 else None
+        kernels_core.kernelize(model, mode=mode, config=config)
     if compiled:
         # Each decoder layer compiled on its own, then sharded: FSDP2's hooks stay outside the compiled graphs.
-        layers = model.model.layers
+        layers = decoder_layers(model)
         for index, layer in enumerate(layers):
             layers[index] = torch.compile(layer)
-    runner = wrap(model, how, device, reshard_after_forward=not args.no_reshard,
-                  layers_per_unit=args.layers_per_unit)
+    fused = args.optimizer == "fused" and device.type == "cuda"
+    batch_size = batches.shape[1]
+    if how in ZERO_STAGE:
+        # The client optimizer over the module's trainable parameters; DeepSpeed replaces them by its partitions.
+        client = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=fused,
+                                   foreach=None if fused else True)
+        runner = deepspeed_engine(model, stage=ZERO_STAGE[how], batch=batch_size, optimizer=client)
+    else:
+        runner = wrap(model, how, device, reshard_after_forward=not args.no_reshard,
+                      layers_per_unit=args.layers_per_unit)
     if order == "after":
-        kernels_core.kernelize(runner, mode=kernels_core.Mode.TRAINING)
+        # DeepSpeed's engine is no nn.Module wrapper kernelize walks into: kernelize the module it trains.
+        kernels_core.kernelize(runner.module if how in ZERO_STAGE else runner, mode=kernels_core.Mode.TRAINING)
     if order is not None:
         # The report lives on the module kernelize was given: the bare model, or the wrapper (DDP) around it.
-        report = kernels_core.get_report(model if order == "before" else runner)
+        report = kernels_core.get_report(model if order == "before" or how in ZERO_STAGE else runner)
         result["report"] = summarise_report(report)
         if dist.get_rank() == 0 and args.print_report:
             print(f"--- {name}\n{report.table()}", flush=True)
         if device.type == "cuda":
             require_cuda_kernels(report)
 
-    fused = args.optimizer == "fused" and device.type == "cuda"
-    opt = torch.optim.AdamW(runner.parameters(), lr=1e-5, fused=fused, foreach=None if fused else True)
     losses: list[torch.Tensor] = []
+    if how in ZERO_STAGE:
+        engine = runner
 
-    def step(batch: torch.Tensor) -> torch.Tensor:
-        loss = runner(input_ids=batch, labels=batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        def step(batch: torch.Tensor) -> torch.Tensor:
+            loss = engine(input_ids=batch, labels=batch).loss
+            engine.backward(loss)
+            engine.step()  # the optimizer step and zeroing of the gradients
+            return loss.detach()
+    else:
+        opt = torch.optim.AdamW([p for p in runner.parameters() if p.requires_grad], lr=1e-5, fused=fused,
+                                foreach=None if fused else True)
+
+        def step(batch: torch.Tensor) -> torch.Tensor:
+            loss = runner(input_ids=batch, labels=batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+    # A LoRA adapter on lm_head must train through whatever computes the loss (a fused loss reading the frozen
+    # base weight alone would leave it as it was): this rank's part of it, before and after.
+    head_adapter = {n: _local(p).detach().clone() for n, p in model.named_parameters()
+                    if "lm_head" in n and "lora_" in n}
+    # The same dropout masks (LoRA's) in every variant: the random state depends on what ran before otherwise.
+    torch.manual_seed(2000 + dist.get_rank())
 
     _sync(device)
     first = time.perf_counter()
@@ -254,6 +375,12 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         peak_GiB=None if peak is None else round(max(peaks), 4),
         losses=[round(v, 6) for v in mean_losses.tolist()],
     )
+    if head_adapter:
+        now = dict(model.named_parameters())
+        changed = torch.tensor([float(any(not torch.equal(_local(now[n]).detach(), before)
+                                          for n, before in head_adapter.items()))], device=device)
+        dist.all_reduce(changed)  # SUM over ranks: a rank may hold no part of the adapter
+        result["lm_head_adapter_trained"] = bool(changed.item() > 0)
     if args.profile and device.type == "cuda":
         _sync(device)
         start = time.perf_counter()
@@ -266,7 +393,16 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         profiled = host_profile_step(lambda: step(batches[0]), device)
         if dist.get_rank() == 0:
             result["host_profile_one_step"] = profiled
+    if how in ZERO_STAGE and hasattr(runner, "destroy"):
+        runner.destroy()  # the engine's hooks and buffers, before the next variant builds its model
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: FSDP2's DTensor shard, ZeRO-3's partition, or the tensor itself."""
+    if hasattr(param, "ds_tensor"):
+        return param.ds_tensor
+    return param.to_local() if hasattr(param, "to_local") else param
 
 
 def _merge_round(previous: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +431,7 @@ def compare(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each kernelized variant against the eager run of the same wrapper."""
     ratios = {}
     for name, row in rows.items():
-        base = rows.get(baseline(name)) if row["kernelize"] is not None or name in LIGER else None
+        base = rows.get(baseline(name, ran=rows)) if row["kernelize"] is not None or name in LIGER else None
         if base is None or "error" in row or "error" in base:
             continue
         ratios[name] = _versus(row, base)
@@ -339,7 +475,32 @@ def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
         r = ratios["kernelize_compile"]
         add("kernelize_compile max relative loss difference vs compile", r["max_rel_loss_diff"],
             f"<= {TARGET_LOSS_REL}", r["max_rel_loss_diff"] <= TARGET_LOSS_REL)
-    for prefix in ("", "ddp_"):
+    for name in FP8:
+        if name not in rows:
+            continue
+        r = ratios.get(name, {})
+        speed, loss, vs = r.get("tokens_per_s"), r.get("max_rel_loss_diff"), baseline(name, ran=rows)
+        add(f"{name} tokens/s vs {vs}", speed, f">= {TARGET_FP8_SPEEDUP}",
+            speed is not None and speed >= TARGET_FP8_SPEEDUP)
+        add(f"{name} max relative loss difference vs {vs}", loss, f"<= {TARGET_FP8_LOSS_REL}",
+            loss is not None and loss <= TARGET_FP8_LOSS_REL)
+    for stage in ZERO_STAGE.values():
+        for order in ("before", "after"):
+            name = f"ds_zero{stage}_kernelize_{order}"
+            if name not in rows:
+                continue
+            r = ratios.get(name, {})
+            speed, peak, loss = r.get("tokens_per_s"), r.get("peak"), r.get("max_rel_loss_diff")
+            add(f"{name} tokens/s vs ds_zero{stage}", speed, f">= {TARGET_ZERO_SPEEDUP}",
+                speed is not None and speed >= TARGET_ZERO_SPEEDUP)
+            add(f"{name} peak vs ds_zero{stage}", peak, "<= 1.0", peak is not None and peak <= 1.0)
+            add(f"{name} max relative loss difference vs ds_zero{stage}", loss, f"<= {TARGET_LOSS_REL}",
+                loss is not None and loss <= TARGET_LOSS_REL)
+    for name, row in rows.items():
+        if "lm_head_adapter_trained" in row:
+            trained = row["lm_head_adapter_trained"]
+            add(f"{name} lm_head LoRA adapter trained", trained, "True", trained)
+    for prefix in ("", "ddp_", *(f"ds_zero{stage}_" for stage in ZERO_STAGE.values())):
         before, after = rows.get(f"{prefix}kernelize_before"), rows.get(f"{prefix}kernelize_after")
         if before is None or after is None:
             continue  # a pair is compared only when both orders ran
@@ -372,17 +533,17 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def print_table(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]], checks: list[dict]) -> None:
-    print(f"{'variant':22} {'tok/s':>9} {'x base':>7} {'peak GiB':>9} {'x base':>7} {'loss first':>10} "
+    print(f"{'variant':33} {'tok/s':>9} {'x base':>7} {'peak GiB':>9} {'x base':>7} {'loss first':>10} "
           f"{'loss last':>10} {'dloss rel':>9}  kernels applied / declined")
     for name, row in rows.items():
         if "error" in row:
-            print(f"{name:22} ERROR {row['error'][:150]}")
+            print(f"{name:33} ERROR {row['error'][:150]}")
             continue
         r = ratios.get(name, {})
         report = row.get("report")
         kernels = "-" if report is None else (
             f"{sum(sum(c.values()) for c in report['kernels'].values())} / {report['declined_total']}")
-        print(f"{name:22} {row['tokens_per_s']:9.0f} {_fmt(r.get('tokens_per_s'), '7.3f')} "
+        print(f"{name:33} {row['tokens_per_s']:9.0f} {_fmt(r.get('tokens_per_s'), '7.3f')} "
               f"{_fmt(row['peak_GiB'], '9.2f')} {_fmt(r.get('peak'), '7.3f')} {row['losses'][0]:10.5f} "
               f"{row['losses'][-1]:10.5f} {_fmt(r.get('max_rel_loss_diff'), '9.1e')}  {kernels}")
     for name, row in rows.items():
@@ -427,6 +588,9 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=("fused", "foreach"), default="fused",
                         help="AdamW implementation on CUDA (fused: one kernel per parameter group; foreach: "
                              "torch's multi-tensor path, which dispatches per DTensor under FSDP2)")
+    parser.add_argument("--peft", choices=sorted(PEFT_TARGETS),
+                        help="train PEFT LoRA adapters (r 16, alpha 32, dropout 0.05) in every variant: on every "
+                             "decoder linear, on those and lm_head, or QLoRA (bitsandbytes 4-bit nf4 base, CUDA)")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole variant list this many times, interleaved, and report each variant's "
@@ -437,7 +601,8 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     if args.model != DEFAULT_MODEL and args.model not in models_bench.MODELS:
         parser.error(f"unknown model {args.model!r}; choose from {[DEFAULT_MODEL, *models_bench.MODELS]}")
-    kernelized = {name: baseline(name) for name, (_, order) in VARIANTS.items() if order is not None}
+    ran = args.variants.split(",")
+    kernelized = {name: baseline(name, ran=ran) for name, (_, order) in VARIANTS.items() if order is not None}
     if args.combine:
         parts = dict(item.split("=", 1) for item in args.combine.split(","))
         combine({int(n): pathlib.Path(path) for n, path in parts.items()}, args.out, baseline=kernelized.get)
@@ -445,6 +610,9 @@ def main() -> None:
     if args.nprocs:
         sys.exit(scale(args, [int(n) for n in args.nprocs.split(",")], module="benchmarks.cuda.distributed_bench",
                        baseline=kernelized.get))
+    if args.device == "cpu":
+        # DeepSpeed picks its accelerator when first imported; without a GPU it must be told to use the CPU's.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     device = setup(args.device)
     rank = dist.get_rank()
     if device.type == "cuda":
@@ -453,6 +621,7 @@ def main() -> None:
         extension = settle_cpp_extension()
     else:
         extension = None
+    names = args.variants.split(",")
     batch = args.batch or (2 if args.tiny else 4)
     seq = args.seq or (128 if args.tiny else 2048)
     vocab = vocab_size(args.model, tiny=args.tiny)
@@ -460,6 +629,16 @@ def main() -> None:
     generator = torch.Generator(device=device).manual_seed(1000 + rank)
     batches = torch.randint(0, vocab, (args.warmup + args.steps, batch, seq), device=device, generator=generator)
 
+    quantized = ", base 4-bit nf4 by bitsandbytes, bf16 quant storage" if args.peft == "qlora" else ""
+    peft = "" if args.peft is None else (
+        f"PEFT {args.peft} (r 16, alpha 32, dropout 0.05, targets {PEFT_TARGETS[args.peft]}{quantized}) "
+        "in every variant; ")
+    stages = sorted({ZERO_STAGE[VARIANTS[name][0]] for name in names if VARIANTS[name][0] in ZERO_STAGE})
+    zero = "" if not stages else (
+        f"DeepSpeed ZeRO-{'/'.join(map(str, stages))} variants: deepspeed.initialize with AdamW as the client "
+        f"optimizer, bf16, micro-batch {batch}; ")
+    fp8 = "" if not FP8.keys() & set(names) else (
+        "FP8 variants: kernelize_compile with [kinds.linear] prefer cuda.linear.float8_<recipe>; ")
     payload: dict[str, Any] = {
         "environment": environment_record(device),
         "model": args.model,
@@ -467,6 +646,7 @@ def main() -> None:
                    f"FSDP2 fully_shard per {args.layers_per_unit} decoder layer(s) then root, no mixed-precision "
                    "policy / DDP; "
                    "compile variants: torch.compile per decoder layer before fully_shard; "
+                   f"{fp8}{zero}{peft}"
                    f"AdamW({args.optimizer} on CUDA, lr 1e-5); batch {batch} x {seq} per rank; "
                    "seeds: model 0, data 1000 + rank"),
         "steps_timed": args.steps,
@@ -474,10 +654,10 @@ def main() -> None:
         "losses_are": "mean over ranks, every step (warm-up first)",
         "cpp_autograd_extension": extension,
         "layers": args.layers,
+        "peft": args.peft,
     }
     rows: dict[str, dict[str, Any]] = {}
     failed = False
-    names = args.variants.split(",")
     for repeat in range(args.repeats):
         for name in names:
             if rank == 0:
@@ -486,7 +666,7 @@ def main() -> None:
                 row = run_variant(name, args, device, batches)
             except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report; others still run
                 how, order = VARIANTS[name]
-                row = {"variant": name, "wrapper": how, "kernelize": order,
+                row = {"variant": name, "wrapper": how, "kernelize": order, "peft": args.peft,
                        "error": f"{type(exc).__name__}: {exc}"[:3000], "traceback": traceback.format_exc()[-6000:]}
                 print(f"[rank {rank}] {name} failed:\n{row['traceback']}", file=sys.stderr, flush=True)
                 failed = True

@@ -33,12 +33,14 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import PEFT_TARGETS
 from benchmarks.common import child_env
 from benchmarks.common import distributed_workers
 from benchmarks.common import environment
 from benchmarks.common import pyplot
 from benchmarks.common import python_m
 from benchmarks.common import settle_cpp_extension
+from benchmarks.common import with_lora
 from benchmarks.common import write_json
 from benchmarks.cuda.distributed_bench import build_model
 
@@ -51,38 +53,6 @@ def deepspeed_config(stage: int) -> dict:
     return {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": True},
             "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}}
-
-
-# PEFT LoRA targets per --peft case: every linear layer of the decoder ("all-linear" leaves lm_head out), the same
-# plus lm_head, and QLoRA (the base layers 4-bit nf4, stored as bfloat16 so FSDP2 can shard them).
-PEFT_TARGETS = {"lora": "all-linear", "lora_lm_head": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                     "down_proj", "lm_head"], "qlora": "all-linear"}
-
-
-def quantized_copy(model, output_dir: str):
-    """``model`` saved and loaded again with bitsandbytes 4-bit base layers (QLoRA quantizes while loading)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers import BitsAndBytesConfig
-
-    path = f"{output_dir}/base"
-    model.save_pretrained(path)
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
-                               bnb_4bit_quant_storage=torch.bfloat16)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, quantization_config=quant,
-                                                device_map={"": torch.cuda.current_device()})
-
-
-def with_lora(model, case: str, output_dir: str):
-    import peft
-
-    if case == "qlora":
-        model = quantized_copy(model, output_dir)
-    import torch
-
-    config = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=PEFT_TARGETS[case])
-    torch.manual_seed(7)  # the same adapter weights in every variant
-    return peft.get_peft_model(model, config)
 
 
 def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False,
