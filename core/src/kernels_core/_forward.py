@@ -68,6 +68,10 @@ _NOTE_PREFIX = "kernels-core: "
 _OUTSIDE = "raised outside any kernel"
 
 
+# The attribute an adapter's callable may carry: a function returning why the kernel does not run on the model as
+# it is now (the adapter then calls the module's own forward), or None.
+RUNTIME_PROBLEM_ATTR = "kernels_core_runtime_problem"
+
 def _add_note(exc: BaseException, forward: _LazyForward) -> None:
     """Note, on an exception raised through ``forward``, which kernels are involved and how to run without them.
 
@@ -412,6 +416,12 @@ class _LazyForward(Persisted):
         """
         if self._unresolved:
             return [(declared, self._unresolved) for declared in self.declared]
+        # An adapter whose forward routes some calls to the module's own forward for a reason of the model's state
+        # (the fused loss under ZeRO-3 with a LoRA head) says why through this attribute of its callable.
+        check = getattr(self._fn, RUNTIME_PROBLEM_ATTR, None)
+        routed = check() if check is not None else None
+        if routed:
+            return [(declared, routed) for declared in self.declared]
         params = self._probe_params
         probe = params.get(self._probe_name) if params is not None else None
         if probe is None:

@@ -192,9 +192,15 @@ def test_hooks_of_another_origin_beside_deepspeeds(order, eager, ref_pm, calls):
     model.lm_head.register_forward_hook(lambda m, a, o: seen.append("lm_head"))
     model.model.layers[1].post_attention_layernorm.register_forward_hook(lambda m, a, o: seen.append("norm"))
     calls.clear()
-    _assert_same(_train(model, engine), eager[0], f"{order}, hooks of another origin")
+    from kernels_core import KernelFallbackWarning
+
+    # The fused loss warns once that the model's own forward computes the loss, and the report says so.
+    with pytest.warns(KernelFallbackWarning, match="hooks of another origin"):
+        _assert_same(_train(model, engine), eager[0], f"{order}, hooks of another origin")
     assert seen == ["norm", "lm_head"] * STEPS
     assert calls["causal_lm_loss"] == 0 and calls["residual_rms_norm"] == STEPS, dict(calls)
+    (row,) = [e for e in kernels_core.get_report(model).entries if e.kind == "causal_lm_loss"]
+    assert not row.applied and row.fell_back == "ref.causal_lm_loss" and "only calling lm_head" in row.reason, row
 
 
 def test_access_and_hook_recognition():
@@ -216,3 +222,26 @@ def test_access_and_hook_recognition():
     plain = torch.nn.Linear(4, 3)
     plain.register_forward_hook(lambda m, a, o: None)
     assert _zero3.access(plain, plain.weight) == _zero3.DIRECT, "hooks on whole weights: the matcher's business"
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_a_partitioned_lora_head_runs_the_models_own_loss_and_the_report_says_so(order, pm):
+    """A PEFT LoRA lm_head keeps its parameters in child modules, which its own ZeRO-3 hooks do not gather: the fused
+    loss cannot read them, so the model's own forward computes the loss (with a warning), and get_report shows the
+    loss kernel as fallen back with that reason instead of claiming it runs."""
+    peft = pytest.importorskip("peft", reason="a LoRA head needs peft: pip install 'kernels-core[peft]'")
+    from kernels_core import KernelFallbackWarning
+
+    model = peft.get_peft_model(_model(), peft.LoraConfig(r=4, target_modules=["lm_head", "q_proj"]))
+    model.train()
+    _prepare(model, order, pm)
+    head = model.base_model.model.lm_head
+    assert any(getattr(p, "ds_id", None) is not None for p in head.parameters()), "the stand-in partitions the head"
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(11))
+    with pytest.warns(KernelFallbackWarning, match="PEFT.*partitions"):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert model.base_model.model.lm_head.lora_B["default"].weight.ds_grad is not None, "the LoRA head trains"
+    (row,) = [e for e in kernels_core.get_report(model).entries if e.kind == "causal_lm_loss"]
+    assert not row.applied and row.fell_back and "partitions" in row.reason, row
+    assert "fell back" in kernels_core.get_report(model).summary()

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._forward import RUNTIME_PROBLEM_ATTR
 from .._plugin_info import KernelFallbackWarning
 from .._types import Decline
 from .._types import Match
@@ -34,6 +35,7 @@ from ._zero3 import access
 from ._zero3 import enter_forward
 from ._zero3 import exit_forward
 from ._zero3 import full_shape
+from ._zero3 import hooks_problem
 from ._zero3 import is_partitioned
 from ._zero3 import require_whole
 
@@ -181,6 +183,24 @@ def _shift(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return padded[..., 1:].contiguous()
 
 
+def _partitioned_head(lm_head: nn.Module, how: object) -> str | None:
+    """Why the fused loss cannot read ``lm_head``'s weights now, under DeepSpeed ZeRO-3, or None.
+
+    The kernel reads lm_head's weight without calling lm_head. Under ZeRO-3 it runs between lm_head's own hooks,
+    which gather the weight; where only calling lm_head would gather it (hooks of another origin too, or none), the
+    model's own forward runs instead. A wrapped head (LoRA) keeps its parameters in child modules, which its own
+    hooks do not gather: partitioned, the model's own forward runs too.
+    """
+    if how == MODULE:
+        return ("lm_head's weight is partitioned (DeepSpeed ZeRO-3) and carries hooks of another origin, so only "
+                "calling lm_head gathers it")
+    if type(lm_head) is not nn.Linear and any(is_partitioned(p) for p in lm_head.parameters()):
+        return (f"lm_head is a {type(lm_head).__module__}.{type(lm_head).__qualname__} (a PEFT wrapper) whose "
+                "parameters DeepSpeed ZeRO-3 partitions, and only its own forward gathers them; the fused loss runs "
+                "with a LoRA head under ZeRO-2, FSDP2 or DDP")
+    return None
+
+
 def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
     """Fused path in training with labels; the original forward (with logits) everywhere else."""
     original = type(module).forward.__get__(module, type(module))
@@ -222,13 +242,13 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
                               stacklevel=2)
             return original(*args, **kwargs)
         lm_head = module.lm_head
-        # The kernel reads lm_head's weight without calling lm_head. Under DeepSpeed ZeRO-3 it runs between
-        # lm_head's own hooks, which gather the weight; where only calling lm_head would gather it (hooks of another
-        # origin too, or none), the model's own forward runs instead. A wrapped head (LoRA) keeps its parameters in
-        # child modules, which its own hooks do not gather: partitioned, it runs the model's own forward too.
         how = access(lm_head, lm_head._parameters.get("weight"))
-        if how == MODULE or (type(lm_head) is not nn.Linear
-                             and any(is_partitioned(p) for p in lm_head.parameters())):
+        routed = _partitioned_head(lm_head, how)
+        if routed is not None:
+            if routed not in warned:
+                warned.add(routed)
+                warnings.warn(f"kernels-core: the fused causal-LM loss of {type(module).__name__} falls back to the "
+                              f"model's own forward (full logits): {routed}", KernelFallbackWarning, stacklevel=2)
             return original(*args, **kwargs)
         return_dict = call.pop("return_dict", None)
         if template == "moe":
@@ -280,4 +300,19 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
         )
         return result.to_tuple() if return_dict is False else result
 
+
+    def runtime_problem() -> str | None:
+        # What get_report says of this binding now: the per-call routes above that depend on the model, not on the
+        # call. Whether a weight is whole depends on the moment (an ancestor's ZeRO-3 hooks gather it during the
+        # forward), so outside a forward only what holds at every moment counts: a head the kernel cannot reproduce,
+        # a partitioned PEFT head, a partitioned weight beside hooks of another origin.
+        lm_head = module.lm_head
+        head = linear_operands(lm_head, hooks=False)
+        if isinstance(head, str):
+            return head
+        weight = lm_head._parameters.get("weight")
+        foreign = hooks_problem(lm_head) is not None and weight is not None and is_partitioned(weight)
+        return _partitioned_head(lm_head, MODULE if foreign else HOOKS)
+
+    setattr(forward, RUNTIME_PROBLEM_ATTR, runtime_problem)
     return forward
