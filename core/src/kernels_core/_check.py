@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import enum
 import functools
 import itertools
 import sys
@@ -41,6 +40,7 @@ from ._resolve import runnable_here
 from ._tolerance import kernel_tolerance
 from ._types import BackendInfo
 from ._types import ConformanceCase
+from ._types import StatusEnum
 from ._types import Supports
 
 
@@ -72,7 +72,7 @@ def tolerance(dtype: Any) -> float:
     return kernel_tolerance(dtype)
 
 
-class CheckStatus(str, enum.Enum):
+class CheckStatus(StatusEnum):
     """The outcome of one row of a check; a string too, so it compares, prints and encodes as its value.
 
     Example:
@@ -83,9 +83,6 @@ class CheckStatus(str, enum.Enum):
     PASS = "pass"
     FAIL = "fail"
     SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 PASS, FAIL, SKIPPED = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.SKIPPED

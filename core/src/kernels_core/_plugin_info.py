@@ -8,7 +8,6 @@ Example:
 
 from __future__ import annotations
 
-import enum
 import re
 import threading
 import warnings
@@ -19,6 +18,7 @@ from dataclasses import replace
 from ._types import BackendInfo
 from ._types import KernelSpec
 from ._types import LayerKind
+from ._types import StatusEnum
 
 
 __all__ = [
@@ -92,7 +92,7 @@ class PluginError(RuntimeError):
         self.plugin = plugin
 
 
-class PluginStatus(str, enum.Enum):
+class PluginStatus(StatusEnum):
     """Whether a plugin is in use (:attr:`PluginInfo.status`); a string too, so it compares, prints and encodes as
     its value.
 
@@ -107,20 +107,14 @@ class PluginStatus(str, enum.Enum):
     FAILED = "failed"
     SKIPPED = "skipped"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class KernelProblem(str, enum.Enum):
+class KernelProblem(StatusEnum):
     """Why a listed kernel will not (or may not) be used (``kernels-core kernels``, ``kernel_problems``)."""
 
     UNDETECTABLE_BACKEND = "undetectable backend"
     CANNOT_RUN_HERE = "cannot run here"
     FELL_BACK = "fell back"
     IMPL_MISSING = "impl missing"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from .persisted import Persisted
 
 
 __all__ = [
+    "StatusEnum",
     "BackendInfo",
     "Binding",
     "CapabilityRange",
@@ -39,6 +40,21 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 ANY_BACKEND = "any"
+
+
+class StatusEnum(str, enum.Enum):
+    """A status value that is also its string: it compares with, prints and encodes as its value (``enum.StrEnum``
+    before Python 3.11).
+
+    Example:
+        >>> class Light(StatusEnum):
+        ...     ON = "on"
+        >>> Light.ON == "on", f"{Light.ON}"
+        (True, 'on')
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 class Mode(enum.Flag):
