@@ -5,9 +5,7 @@ Read with ``ast`` from every Python file of the repository outside ``triton-adap
 kernels_triton._x``, ``from kernels_triton._x import y``, ``from kernels_triton import _x``), strings that name a
 private module or attribute (a kernel declaration's ``"kernels_triton._x:f"``, ``importlib.import_module`` or
 ``find_spec`` arguments, f-strings included) and Python source held in strings (``python -c`` scripts, docstring
-examples). Markdown files are read too: their code blocks, and kernel references anywhere. A line may opt out with
-``# private-import-ok: <why>``, for code that must run against kernels-triton trees older than ``ops`` (the A/B
-harness's baselines); the reason is required.
+examples). Markdown files are read too: their code blocks, and kernel references anywhere. There is no opt-out.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_PACKAGE = REPO / "triton-adapters"
-PRAGMA = re.compile(r"#\s*private-import-ok:\s*(\S.*)?$")
 # A private module path or reference at the start of a string: "kernels_triton._rms_norm:rms_norm".
 PRIVATE_REFERENCE = re.compile(r"kernels_triton\._\w")
 # An import of a private module written in source text (scripts and examples held in strings, Markdown).
@@ -69,23 +66,11 @@ def _problems_in_python(source: str) -> Iterator[tuple[int, int, str]]:
                 yield node.lineno, node.end_lineno or node.lineno, "holds source that imports a private module"
 
 
-def _opted_out(lines: list[str], first: int, last: int) -> bool:
-    for line in lines[first - 1:last]:
-        found = PRAGMA.search(line)
-        if found:
-            assert found.group(1), f"a '# private-import-ok:' comment must say why: {line.strip()!r}"
-            return True
-    return False
-
-
 def python_problems() -> list[str]:
     problems = []
     for path in _checked_files(".py"):
-        source = path.read_text()
-        lines = source.splitlines()
-        for first, last, what in _problems_in_python(source):
-            if not _opted_out(lines, first, last):
-                problems.append(f"{path.relative_to(REPO)}:{first}: {what}")
+        for first, _, what in _problems_in_python(path.read_text()):
+            problems.append(f"{path.relative_to(REPO)}:{first}: {what}")
     return problems
 
 
@@ -134,14 +119,6 @@ def test_the_check_finds_private_uses(source, found):
 ])
 def test_the_check_reads_markdown_code_and_references(text, found):
     assert bool(list(_problems_in_markdown(text))) is found
-
-
-def test_an_opt_out_needs_a_reason():
-    lines = ["from kernels_triton import _x  # private-import-ok: trees before ops", "import kernels_triton._y  # x"]
-    assert _opted_out(lines, 1, 1) is True
-    assert _opted_out(lines, 2, 2) is False
-    with pytest.raises(AssertionError, match="must say why"):
-        _opted_out(["from kernels_triton import _x  # private-import-ok:"], 1, 1)
 
 
 def test_no_python_outside_kernels_triton_uses_its_private_modules():
