@@ -133,8 +133,9 @@ def train(variant: str, args: argparse.Namespace, data: torch.Tensor) -> dict:
     model.train()
     config = None
     if variant.startswith("fp8_"):
-        recipe = variant.removeprefix("fp8_")
-        config = {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}}}
+        from benchmarks.common import fp8_linear_config
+
+        config = fp8_linear_config(variant.removeprefix("fp8_"))
     kernels_core.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, config=config)
     report = kernels_core.get_report(model)
     fp8_layers = sum(1 for e in report.entries if e.kind == "linear" and e.kernel)

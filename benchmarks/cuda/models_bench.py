@@ -43,6 +43,7 @@ import torch
 
 from benchmarks.common import causal_lm
 from benchmarks.common import environment
+from benchmarks.common import fp8_linear_config
 from benchmarks.common import parse_side
 from benchmarks.common import profile_step
 from benchmarks.common import pyplot
@@ -112,7 +113,7 @@ def prepare(model, variant: str, modifiers: list[str]) -> tuple[object, str]:
         mode = kernels_core.Mode.TRAINING
         if variant.endswith("compile") or fp8:
             mode |= kernels_core.Mode.TORCH_COMPILE
-        config = {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{variant[4:]}"]}}}} if fp8 else None
+        config = fp8_linear_config(variant.removeprefix("fp8_")) if fp8 else None
         kernels_core.kernelize(model, mode=mode, config=config)
         how = "; ".join(filter(None, [how, kernels_core.get_report(model).summary()]))
     if variant.endswith("compile") or fp8:

@@ -20,6 +20,11 @@ import types
 import kernels_core
 import pytest
 import torch
+from float8_checks import BOUND
+from float8_checks import BOUND_GRAD
+from float8_checks import check_against_bf16
+from float8_checks import rel
+from float8_checks import request
 from kernels_core import BackendInfo
 from kernels_core import DeviceInfo
 from kernels_core import KernelizeError
@@ -31,10 +36,6 @@ from kernels_cuda import _float8_specs
 from kernels_cuda import _plugin
 
 
-E4M3 = 2.0**-4
-E5M2 = 2.0**-3
-BOUND = E4M3 + E4M3
-BOUND_GRAD = {"rowwise": E4M3 + E4M3, "tensorwise": E5M2 + E4M3}
 COMPILED = Mode.TRAINING | Mode.TORCH_COMPILE
 SIZES = {"hidden_size": 48, "intermediate_size": 80, "head_dim": 12}
 PROJECTIONS = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -72,13 +73,6 @@ def _recipe_here(recipe: str, emulate: bool = False) -> None:
         pytest.skip(problem)
 
 
-def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    assert bool(torch.isfinite(actual).all())
-    a, e = actual.detach().double(), expected.detach().double()
-    return float((a - e).abs().max() / e.abs().max())
-
-
 def _simulated_gpu(capability=(9, 0)):
     module = types.ModuleType("simulated_gpu")
     module.kernels_core_detect_devices = hookimpl(
@@ -88,10 +82,6 @@ def _simulated_gpu(capability=(9, 0)):
 
 def _pm(capability=(9, 0), plugin=_plugin):
     return fresh_plugin_manager((plugin, "cuda"), (_simulated_gpu(capability), "simulated_gpu"))
-
-
-def _request(recipe):
-    return {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}}}
 
 
 def _model(seed=0, dtype=torch.bfloat16):
@@ -108,23 +98,10 @@ def _state(model):
 def test_forward_and_backward_within_the_fp8_bound(float8, recipe, emulate, rows, k, n, bias):
     _recipe_here(recipe, emulate)
     # Rows not a multiple of 16 (14, 3) take the padded weight-gradient product.
-    gen = torch.Generator().manual_seed(rows + k)
-    x = (torch.randn(rows, k, generator=gen) * 2 + 0.3).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16).requires_grad_()
-    b = torch.randn(n, generator=gen).to(torch.bfloat16).requires_grad_() if bias else None
-    grad = torch.randn(rows, n, generator=gen).to(torch.bfloat16)
-    leaves = [t for t in (x, w, b) if t is not None]
-    out = float8.float8_linear(x, w, b, recipe=recipe, emulate=emulate)
-    got = torch.autograd.grad(out, leaves, grad)
-    ref = torch.nn.functional.linear(x, w, b)
-    want = torch.autograd.grad(ref, leaves, grad)
-    assert _rel(out, ref) <= BOUND
-    assert _rel(got[0], want[0]) <= BOUND_GRAD[recipe]
-    assert _rel(got[1], want[1]) <= BOUND_GRAD[recipe]
+    _, _, got, want = check_against_bf16(lambda x, w, b: float8.float8_linear(x, w, b, recipe=recipe, emulate=emulate),
+                                         recipe, rows, k, n, bias, device="cpu")
     if bias:
-        assert _rel(got[2], want[2]) <= 2.0**-8  # the bias gradient is a bf16 sum of the output gradient
-    # FP8 really happened: bit-equal to bf16 would mean the kernel never rounded to 8 bits.
-    assert not torch.equal(out, ref)
+        assert rel(got[2], want[2]) <= 2.0**-8  # the bias gradient is a bf16 sum of the output gradient
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
@@ -136,7 +113,7 @@ def test_autocast_casts_like_f_linear(float8, recipe):
         out = getattr(float8, f"float8_{recipe}_linear")(x, w)
         ref = torch.nn.functional.linear(x, w)
     assert out.dtype == ref.dtype == torch.bfloat16
-    assert _rel(out, ref) <= BOUND
+    assert rel(out, ref) <= BOUND
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
@@ -166,7 +143,7 @@ def test_kernelize_binds_every_projection_reports_and_unkernelize_restores(float
     _recipe_here(recipe)
     model, reference = _model(), _model()
     before = _state(model)
-    kernels_core.kernelize(model, mode=COMPILED, device="cuda", config=_request(recipe), plugin_manager=_pm())
+    kernels_core.kernelize(model, mode=COMPILED, device="cuda", config=request(recipe), plugin_manager=_pm())
     rows = {e.module: e for e in kernels_core.get_report(model).entries if e.kind == "linear"}
     bound = {name for name, e in rows.items() if e.kernel == f"cuda.linear.float8_{recipe}"}
     assert bound == {f"model.layers.{i}.{p}" for i in range(2) for p in PROJECTIONS}
@@ -196,10 +173,10 @@ def test_kernelize_binds_every_projection_reports_and_unkernelize_restores(float
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
     out.backward(grad)
     expected.backward(grad)
-    assert _rel(out, expected) <= BOUND
+    assert rel(out, expected) <= BOUND
     for (name, param), ref_param in zip(model.named_parameters(), reference.parameters(), strict=True):
         if "proj" in name:
-            assert _rel(param.grad, ref_param.grad) <= 2 * BOUND_GRAD[recipe], name
+            assert rel(param.grad, ref_param.grad) <= 2 * BOUND_GRAD[recipe], name
     kernels_core.unkernelize(model)
     assert _state(model) == before
 
@@ -207,7 +184,7 @@ def test_kernelize_binds_every_projection_reports_and_unkernelize_restores(float
 def _refused(model, pm, *, mode=COMPILED, recipe="tensorwise", device="cuda"):
     before = _state(model)
     with pytest.raises(KernelizeError) as raised:
-        kernels_core.kernelize(model, mode=mode, device=device, config=_request(recipe), plugin_manager=pm)
+        kernels_core.kernelize(model, mode=mode, device=device, config=request(recipe), plugin_manager=pm)
     assert _state(model) == before
     return str(raised.value)
 

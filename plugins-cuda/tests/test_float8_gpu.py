@@ -13,6 +13,11 @@ from __future__ import annotations
 import kernels_core
 import pytest
 import torch
+from float8_checks import BOUND
+from float8_checks import BOUND_GRAD
+from float8_checks import check_against_bf16
+from float8_checks import rel
+from float8_checks import request
 from kernels_core import Mode
 from kernels_core.testing import assert_conforms
 from kernels_core.testing import fresh_plugin_manager
@@ -33,9 +38,6 @@ torchao = pytest.importorskip("torchao", reason="the FP8 kernels call torchao (k
 from kernels_cuda import _float8  # noqa: E402
 
 
-E4M3, E5M2 = 2.0**-4, 2.0**-3
-BOUND = E4M3 + E4M3
-BOUND_GRAD = {"rowwise": E4M3 + E4M3, "tensorwise": E5M2 + E4M3}
 COMPILED = Mode.TRAINING | Mode.TORCH_COMPILE
 RECIPES = ("rowwise", "tensorwise")
 # hidden 96 (6 heads of 16), KV 2 x 16 = 32, MLP 160: every projection a multiple of 16, none a power of two.
@@ -45,19 +47,8 @@ PROJECTIONS = tuple(f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_
     f"mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj"))
 
 
-def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
-    assert bool(torch.isfinite(actual).all())
-    a, e = actual.detach().double(), expected.detach().double()
-    return float((a - e).abs().max() / e.abs().max())
-
-
 def _pm():
     return fresh_plugin_manager((_plugin, "cuda"))
-
-
-def _request(recipe):
-    return {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}}}
 
 
 def _bindings(model):
@@ -80,23 +71,11 @@ def _model(seed=0):
     (4096, 4096, 1024, False),  # a Llama-3.1-8B k_proj / v_proj on 2 x 2048 tokens
 ])
 def test_forward_and_backward_against_bf16(recipe, rows, k, n, bias):
-    gen = torch.Generator(device="cuda").manual_seed(rows + k)
-    x = (torch.randn(rows, k, generator=gen, device="cuda") * 2 + 0.3).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(n, k, generator=gen, device="cuda") / k**0.5).to(torch.bfloat16).requires_grad_()
-    b = torch.randn(n, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_() if bias else None
-    grad = torch.randn(rows, n, generator=gen, device="cuda").to(torch.bfloat16)
-    leaves = [t for t in (x, w, b) if t is not None]
-    out = _float8.float8_linear(x, w, b, recipe=recipe)
-    got = torch.autograd.grad(out, leaves, grad)
-    ref = torch.nn.functional.linear(x, w, b)
-    want = torch.autograd.grad(ref, leaves, grad)
-    assert _rel(out, ref) <= BOUND
-    assert _rel(got[0], want[0]) <= BOUND_GRAD[recipe]
-    assert _rel(got[1], want[1]) <= BOUND_GRAD[recipe]
-    assert not torch.equal(out, ref)  # rounded to 8 bits, not a bf16 product
+    (x, w, b), out, _, _ = check_against_bf16(lambda x, w, b: _float8.float8_linear(x, w, b, recipe=recipe), recipe,
+                                              rows, k, n, bias, device="cuda")
     # The hardware products agree with torchao's float32 emulation of the same roundings.
     emulated = _float8.float8_linear(x, w, b, recipe=recipe, emulate=True)
-    assert _rel(out, emulated) <= 2.0**-6
+    assert rel(out, emulated) <= 2.0**-6
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -110,7 +89,7 @@ def test_conformance(recipe):
 def test_kernelize_report_compile_and_unkernelize(recipe):
     model, reference = _model(), _model()
     before = _bindings(model)
-    kernels_core.kernelize(model, mode=COMPILED, config=_request(recipe), plugin_manager=_pm())
+    kernels_core.kernelize(model, mode=COMPILED, config=request(recipe), plugin_manager=_pm())
     rows = {e.module: e for e in kernels_core.get_report(model).entries if e.kind == "linear"}
     bound = {name for name, e in rows.items() if e.kernel == f"cuda.linear.float8_{recipe}"}
     assert bound == {f"model.layers.{i}.{p}" for i in range(2) for p in PROJECTIONS}
@@ -123,19 +102,19 @@ def test_kernelize_report_compile_and_unkernelize(recipe):
     x = torch.randn(2, 64, 96, device="cuda", dtype=torch.bfloat16)
     torch._dynamo.reset()
     compiled_mlp = torch.compile(mlp, fullgraph=True)
-    assert _rel(compiled_mlp(x), mlp(x)) <= BOUND
-    assert _rel(compiled_mlp(x), reference.model.layers[0].mlp(x)) <= 2 * BOUND
+    assert rel(compiled_mlp(x), mlp(x)) <= BOUND
+    assert rel(compiled_mlp(x), reference.model.layers[0].mlp(x)) <= 2 * BOUND
     # The whole model compiled: forward and backward against the bf16 model; two decoder layers of FP8 products.
     compiled = torch.compile(model)
     out = compiled.model(input_ids=ids).last_hidden_state
     expected = reference.model(input_ids=ids).last_hidden_state
-    assert _rel(out, expected) <= BOUND
+    assert rel(out, expected) <= BOUND
     grad = torch.randn(out.shape, device=out.device, generator=torch.Generator(out.device).manual_seed(1)).to(out)
     out.backward(grad)
     expected.backward(grad)
     for (name, param), ref_param in zip(model.named_parameters(), reference.parameters(), strict=True):
         if "proj" in name:
-            assert _rel(param.grad, ref_param.grad) <= 2 * BOUND_GRAD[recipe], name
+            assert rel(param.grad, ref_param.grad) <= 2 * BOUND_GRAD[recipe], name
     torch._dynamo.reset()
     kernels_core.unkernelize(model)
     assert _bindings(model) == before
@@ -144,7 +123,7 @@ def test_kernelize_report_compile_and_unkernelize(recipe):
 def test_eager_mode_is_refused_with_the_reason():
     model = _model()
     with pytest.raises(kernels_core.KernelizeError, match="runs only under torch.compile"):
-        kernels_core.kernelize(model, mode=Mode.TRAINING, config=_request("rowwise"), plugin_manager=_pm())
+        kernels_core.kernelize(model, mode=Mode.TRAINING, config=request("rowwise"), plugin_manager=_pm())
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -156,7 +135,7 @@ def test_training_steps_stay_finite_and_close_to_bf16(recipe):
     for fp8 in (False, True):
         model = _model(seed=1)
         if fp8:
-            kernels_core.kernelize(model, mode=COMPILED, config=_request(recipe), plugin_manager=_pm())
+            kernels_core.kernelize(model, mode=COMPILED, config=request(recipe), plugin_manager=_pm())
         compiled = torch.compile(model)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         ids = torch.randint(3, 257, (4, 64), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
