@@ -35,6 +35,7 @@ from benchmarks.common import parse_side
 from benchmarks.common import python_m
 from benchmarks.common import require_cuda_kernels
 from benchmarks.common import run_child
+from benchmarks.common import settle_cpp_extension
 from benchmarks.common import train_steps
 from benchmarks.common import write_json
 
@@ -99,10 +100,7 @@ def _wait_for_background_builds() -> str:
         return ""
     if importlib.util.find_spec("kernels_triton.ops") is None:
         return "not waited for: this kernels-triton has no public ops module (before 0.2)"
-    from kernels_triton import ops
-
-    ops.cpp_autograd_extension(wait=True)
-    return ops.cpp_autograd_status()
+    return settle_cpp_extension()
 
 
 def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -> dict:
