@@ -5,7 +5,7 @@ A plugin is a module advertised under the ``kernels_core.plugins`` entry-point g
 :class:`BackendInfo`...), and states in ``KERNELS_CORE_PLUGIN_API`` the version of this API it was written for
 (see :data:`PLUGIN_API_VERSION`). A plugin that adds a layer kind also writes a :class:`Matcher` (which receives a
 :class:`MatchContext`), an :class:`Adapter` and, for ``kernels-core check``, :class:`ConformanceCase` values.
-Nothing here imports torch until :class:`MatchContext` or :class:`ConformanceCase` is first used.
+Nothing here imports torch until :class:`MatchContext` is first used.
 
 Example:
     >>> from kernels_core.plugin import KernelSpec, Supports, hookimpl
@@ -39,6 +39,7 @@ from ._tolerance import rel_error
 from ._types import BackendInfo
 from ._types import Binding
 from ._types import CapabilityRange
+from ._types import ConformanceCase
 from ._types import Decline
 from ._types import DeviceInfo
 from ._types import KernelSpec
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ._kinds._context import MatchContext
-    from ._types import ConformanceCase
 
 __all__ = [
     "API_ATTRIBUTE",
@@ -119,13 +119,9 @@ class ConformanceCases(Protocol):
 
 
 def __getattr__(name: str) -> Any:
-    # These import torch: loaded on first use, so that a plugin's declarations module stays cheap to import.
+    # The matcher context imports torch: loaded on first use, so that a declarations module stays cheap to import.
     if name == "MatchContext":
         from ._kinds._context import MatchContext
 
         return MatchContext
-    if name == "ConformanceCase":
-        from ._types import ConformanceCase
-
-        return ConformanceCase
     raise AttributeError(f"module 'kernels_core.plugin' has no attribute {name!r}")
