@@ -183,6 +183,33 @@ def _shift(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return padded[..., 1:].contiguous()
 
 
+def _use_cache(base: nn.Module, call: dict[str, Any], cache: str) -> bool:
+    """Whether the fused path's call of the base model builds a KV cache: as few as compute what eager computes.
+
+    A training step with labels never generates, so where a cache changes nothing but memory none is built.
+    transformers otherwise defaults to ``config.use_cache=True`` and keeps every layer's keys and values in a cache
+    alive until the output is dropped, through the loss, the step's peak: measured on the H200 for Qwen3-0.6B,
+    0.875 GiB there, plus as much again in zero gradients that a torch.compile'd graph creates for the cache
+    outputs at the start of backward.
+
+    A cache changes the math in one case: transformers looks for packed sequences (position ids restarting at 0)
+    and masks attention per document only when the model was given position ids, no attention mask and no cache.
+    Where the eager call would build a cache there (``use_cache`` from the config, as transformers'
+    ``merge_with_config_defaults`` takes it, gradient checkpointing turning it off in training), eager attends
+    across the packed documents, so this call builds the cache too and computes the same.
+    """
+    use_cache = call.get("use_cache")
+    if use_cache is not None:
+        return bool(use_cache)
+    if call.get(cache) is not None:
+        return True
+    if call.get("position_ids") is None or call.get("attention_mask") is not None:
+        return False
+    config_default = bool(getattr(getattr(base, "config", None), "use_cache", False))
+    checkpointing = getattr(base, "gradient_checkpointing", False) and base.training and torch.is_grad_enabled()
+    return config_default and not checkpointing
+
+
 def _partitioned_head(lm_head: nn.Module, how: object) -> str | None:
     """Why the fused loss cannot read ``lm_head``'s weights now, under DeepSpeed ZeRO-3, or None.
 
@@ -255,13 +282,7 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             if call.get("output_router_logits") is None:
                 call["output_router_logits"] = module.config.output_router_logits
             output_router_logits = call["output_router_logits"]
-        # A training step with labels never generates, so unless a cache is asked for explicitly none is built.
-        # transformers otherwise defaults to config.use_cache=True and copies every layer's keys and values into
-        # a cache that stays alive until the output is dropped, through the loss, the step's peak: measured on the
-        # H200 for Qwen3-0.6B, 0.875 GiB there, plus as much again in zero gradients that a torch.compile'd graph
-        # creates for the cache outputs at the start of backward.
-        use_cache = call.get("use_cache")
-        call["use_cache"] = bool(use_cache) if use_cache is not None else call.get(cache) is not None
+        call["use_cache"] = _use_cache(module.model, call, cache)
         outputs = module.model(**call)
         hidden = outputs.last_hidden_state
         ignore_index = call.get("ignore_index", -100)
