@@ -48,6 +48,7 @@ __all__ = [
     "ReroutedForward",
     "decorator_chain_problem",
     "rewrap",
+    "takes_base",
 ]
 
 logger = logging.getLogger(__name__)
@@ -669,8 +670,15 @@ class ReroutedForward(_LazyForward):
         ))
 
         def replacements() -> dict[str, Any]:
-            return {o.global_name: load_ref(o.adapter)(self.module, o.match, load_ref(o.impl), o.options)
-                    for o in self.overrides}
+            values: dict[str, Any] = {}
+            # An adapter that takes ``base`` wraps what another kind put in place of the same global (the packed-
+            # rows attention around the sliding-window one), so it is built after it; kernelize binds at most one
+            # adapter that does not per global.
+            adapters = sorted(((o, load_ref(o.adapter)) for o in self.overrides), key=lambda p: takes_base(p[1]))
+            for o, adapter in adapters:
+                chained = {"base": values[o.global_name]} if o.global_name in values else {}
+                values[o.global_name] = adapter(self.module, o.match, load_ref(o.impl), o.options, **chained)
+            return values
 
         namespace = _shared_namespace(key, base, replacements)
         names = [o.global_name for o in self.overrides if hasattr(namespace[o.global_name], "call_facts")]
@@ -699,6 +707,14 @@ class ReroutedForward(_LazyForward):
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"
+
+
+def takes_base(adapter: Callable[..., Any]) -> bool:
+    """Whether a global-target adapter composes with another kind's replacement of the same global (``base=``)."""
+    try:
+        return "base" in inspect.signature(adapter).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _shared_namespace(key: tuple[object, ...], base: types.FunctionType,

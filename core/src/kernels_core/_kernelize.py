@@ -27,6 +27,7 @@ from ._forward import Declared
 from ._forward import GlobalOverride
 from ._forward import KernelForward
 from ._forward import ReroutedForward
+from ._forward import takes_base
 from ._kinds._context import MatchContext
 from ._kinds._context import module_device
 from ._kinds._context import param_dtype
@@ -254,7 +255,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             elif provided_kind.kind.target == "forward" and plan.globals:
                 clash = plan.globals[0].kernel.spec.id
             else:
-                clash = None
+                clash = _global_clash(plan.globals, provided_kind, verdict)
             if provided_kind.kind.target == "forward" and clash is None:
                 plan.forward = planned
             elif provided_kind.kind.target == "global" and clash is None:
@@ -270,6 +271,15 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                     covered.setdefault(id(inner), (spec.id, module_name))
     faults.warn()
     return list(plans.values()), entries, unmet, faults.strict_problems(config.strict_for)
+
+
+def _global_clash(planned: list[_Planned], kind: ProvidedKind, match: Match) -> str | None:
+    """The kernel already rerouting the same global in this module's forward that this kind cannot build on."""
+    if kind.kind.target != "global" or takes_base(load_ref(kind.kind.adapter)):
+        return None
+    name = match.params.get("global_name")
+    return next((p.kernel.spec.id for p in planned if p.match.params.get("global_name") == name
+                 and not takes_base(load_ref(p.kind.kind.adapter))), None)
 
 
 def _build_checked(checks: KernelChecks, module: nn.Module, name: str, kind: ProvidedKind, match: Match,

@@ -101,6 +101,10 @@ NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
     AdapterEntry("residual_rms_norm", _NORM, "kernels_triton.ops:native_residual_rms_norm", _COMPILE,
                  "ATen add, then the native RMSNorm eagerly; under torch.compile Inductor fuses the add into the "
                  "norm"),
+    # Half precision only: FlashAttention's kernel takes nothing else (float32 modules keep the portable kernel).
+    AdapterEntry("packed_attention", ("causal", "sliding_window"), "kernels_triton.ops:native_varlen_attention",
+                 _GRAD, "torch.nn.attention.varlen_attn: FlashAttention over every document of a packed row in one "
+                 "launch", dtypes=("float16", "bfloat16")),
 )
 
 
