@@ -81,8 +81,10 @@ def write_json(path: pathlib.Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: int) -> tuple[dict, object]:
-    """Time AdamW (fused, lr 1e-5) training steps of ``runner(input_ids=batch, labels=batch).loss``.
+def train_steps(runner, parameters, batch: torch.Tensor | Mapping[str, torch.Tensor], *, steps: int,
+                warmup: int) -> tuple[dict, object]:
+    """Time AdamW (fused, lr 1e-5) training steps of ``runner(input_ids=batch, labels=batch).loss`` (or
+    ``runner(**batch).loss`` for a batch of named tensors: packed rows with their position ids, say).
 
     The first step is timed alone (compilation and autotuning included), ``warmup - 1`` more steps follow, then
     ``steps`` timed ones with the GPU synchronised at both ends and the peak memory reset before them. Returns
@@ -92,8 +94,10 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
     """
     opt = torch.optim.AdamW(parameters, lr=1e-5, fused=True)
 
+    inputs = {"input_ids": batch, "labels": batch} if isinstance(batch, torch.Tensor) else batch
+
     def step() -> torch.Tensor:
-        loss = runner(input_ids=batch, labels=batch).loss
+        loss = runner(**inputs).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
