@@ -38,7 +38,10 @@ def test_unknown_kind_is_rejected_with_the_known_ones():
 def test_only_compile_safe_liger_kernel_declares_torch_compile():
     compiled = {k for k, e in LIGER_ADAPTERS.items() if e.supports & Supports.TORCH_COMPILE}
     assert compiled == {"causal_lm_loss"}
-    assert all(e.supports & Supports.TORCH_COMPILE for e in NATIVE_ADAPTERS.values())
+    # packed_attention's adapter hands every traced call to sdpa (the documents are read off the mask's values),
+    # so its kernel runs eagerly only and says so.
+    assert all(e.supports & Supports.TORCH_COMPILE for k, e in NATIVE_ADAPTERS.items() if k != "packed_attention")
+    assert not NATIVE_ADAPTERS["packed_attention"].supports & Supports.TORCH_COMPILE
 
 
 @pytest.mark.parametrize("entry", [*LIGER_ADAPTERS.values(), *NATIVE_ADAPTERS.values()], ids=lambda e: e.impl)

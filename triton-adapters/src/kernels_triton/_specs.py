@@ -165,7 +165,8 @@ def adapter_kernel_specs(
             archs=archs,
             requires=requires,
             description=entry.description,
-            native_when_compiled=native_when_compiled,
+            # Only an adapter that traces can be handed to Inductor as plain ops.
+            native_when_compiled=native_when_compiled if Supports.TORCH_COMPILE in entry.supports else Mode(0),
         )
         for key, entry in table.items()
         if key not in exclude
