@@ -165,7 +165,8 @@ def adapter_kernel_specs(
             archs=archs,
             requires=requires,
             description=entry.description,
-            # Only an adapter that traces can be handed to Inductor as plain ops.
+            # An adapter that does not support torch.compile (packed_attention) is never chosen under it, so it has
+            # no compiled graph to leave to Inductor; KernelSpec refuses the flag without Supports.TORCH_COMPILE.
             native_when_compiled=native_when_compiled if Supports.TORCH_COMPILE in entry.supports else Mode(0),
         )
         for key, entry in table.items()
