@@ -419,27 +419,21 @@ def gpu_us(fn, *, calls=10, replays=15):
     return (medians[0] - medians[1]) / calls * 1e3
 
 
-def _patched(owner: object, name: str, value: object, fn):
-    """``fn`` wrapped to run with ``owner.name`` set to ``value`` (restored after each call, cheaply: the wrapper
-    sits inside timed loops)."""
-
-    def run(*args):
-        saved = getattr(owner, name)
-        setattr(owner, name, value)
-        try:
-            return fn(*args)
-        finally:
-            setattr(owner, name, saved)
-
-    return run
-
-
 def triton_norms(fn):
     """``fn`` run with kernels-cuda's with-autograd size threshold at zero: the tuned RMSNorm (and residual add +
     RMSNorm) take the Triton kernel at every size."""
-    from kernels_cuda import _ops
+    from kernels_cuda import ops
 
-    return _patched(_ops, "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", 0, fn)
+    def run(*args):
+        # Set and restored around each call (cheaply: the wrapper sits inside timed loops), so other rows in the
+        # same process keep the measured thresholds.
+        saved = ops.set_rms_norm_thresholds(min_elements_with_grad=0)
+        try:
+            return fn(*args)
+        finally:
+            ops.set_rms_norm_thresholds(min_elements_with_grad=saved.min_elements_with_grad)
+
+    return run
 
 
 def python_autograd_norms(fn):
