@@ -89,8 +89,10 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
     the measurements and the step function (for a profile of one more step):
     ``first_step_s``, ``seconds`` (the timed steps), ``peak_bytes``, ``host_queue_s`` (when the host finished
     queueing each timed step: a one-off stall shows there) and ``losses`` (warm-up steps, then the last step).
+    On a CPU ``batch`` (a smoke test) ``peak_bytes`` is None.
     """
     opt = torch.optim.AdamW(parameters, lr=1e-5, fused=True)
+    cuda = batch.device.type == "cuda"
 
     def step() -> torch.Tensor:
         loss = runner(input_ids=batch, labels=batch).loss
@@ -99,25 +101,28 @@ def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: 
         opt.zero_grad(set_to_none=True)
         return loss
 
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     losses = [step().item()]
     first = time.perf_counter() - start
     losses += [step().item() for _ in range(warmup - 1)]
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     ends = []
     for _ in range(steps):
         loss = step()
         ends.append(time.perf_counter())
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     losses.append(loss.item())
     return {
         "first_step_s": first,
         "seconds": seconds,
-        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "host_queue_s": [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)],
         "losses": losses,
     }, step
@@ -355,16 +360,22 @@ def with_lora(model: torch.nn.Module, case: str, output_dir: str) -> torch.nn.Mo
     return peft.get_peft_model(model, config)
 
 
-def fp8_linear_config(recipe: str) -> dict[str, Any]:
+def fp8_linear_config(recipe: str, *, lm_head: bool = False) -> dict[str, Any]:
     """The kernelize ``config`` that asks for kernels-cuda's FP8 linear kernel (``recipe``: ``"rowwise"`` or
-    ``"tensorwise"``) on every decoder-layer linear: an explicit request, so kernelize raises where it cannot be
-    honoured (no Hopper GPU, no torchao).
+    ``"tensorwise"``) on every decoder-layer linear, and on ``lm_head`` too with ``lm_head`` (the fused loss then
+    declines and the loss runs unfused): an explicit request, so kernelize raises where it cannot be honoured (no
+    Hopper GPU, no torchao).
 
     Example:
         >>> fp8_linear_config("rowwise")
         {'kinds': {'linear': {'prefer': {'any': ['cuda.linear.float8_rowwise']}}}}
+        >>> fp8_linear_config("tensorwise", lm_head=True)["kinds"]["linear"]["options"]
+        {'lm_head': True}
     """
-    return {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}}}
+    linear: dict[str, Any] = {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}
+    if lm_head:
+        linear["options"] = {"lm_head": True}
+    return {"kinds": {"linear": linear}}
 
 
 def require_cuda_kernels(report: Any) -> None:

@@ -125,13 +125,9 @@ BASELINE = {"fsdp": "eager", "ddp": "ddp_eager", "zero2": "ds_zero2", "zero3": "
 # DeepSpeed wrappers: deepspeed.initialize around the module at this ZeRO stage, AdamW as the client optimizer.
 ZERO_STAGE = {"zero2": 2, "zero3": 3}
 DEEPSPEED_MISSING = 'deepspeed is not installed: pip install "kernels-core[deepspeed]"'
-# A smoke-test size: every code path of the real run in seconds on CPU (vocab divisible by the world size).
-TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=256)
-# The same for the other families' extra sizes (experts, sliding window).
-TINY_EXTRA = {"qwen3_moe": dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2),
-              "mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "gemma3_text": dict(sliding_window=64),
-              "llama": {}}
+# A smoke-test size: every code path of the real run in seconds on CPU (models_bench's, shared).
+TINY = models_bench.TINY
+TINY_EXTRA = models_bench.TINY_EXTRA
 DEFAULT_MODEL = "qwen3-0.6b"
 
 TARGET_SPEEDUP = 1.15
