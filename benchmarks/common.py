@@ -360,6 +360,16 @@ def with_lora(model: torch.nn.Module, case: str, output_dir: str) -> torch.nn.Mo
     return peft.get_peft_model(model, config)
 
 
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Activation checkpointing (non-reentrant) on a transformers model's decoder layers: their forward runs again
+    in the backward instead of keeping its activations."""
+    # transformers 5.x renamed gradient_checkpointing_enable (the old name warns); earlier ones have only it.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def fp8_linear_config(recipe: str, *, lm_head: bool = False) -> dict[str, Any]:
     """The kernelize ``config`` that asks for kernels-cuda's FP8 linear kernel (``recipe``: ``"rowwise"`` or
     ``"tensorwise"``) on every decoder-layer linear, and on ``lm_head`` too with ``lm_head`` (the fused loss then

@@ -6,8 +6,9 @@ For a dense decoder-only causal LM (Llama, Qwen3, Gemma-3 shapes) of a transform
 
 - **GEMMs**: every linear layer's three products (forward ``x W^T``, input gradient ``dy W``, weight gradient
   ``dy^T x``), per decoder layer and for ``lm_head``, each distinct ``(m, n, k)`` timed alone with ``torch.mm`` in
-  bf16, or ``torch._scaled_mm`` on e4m3 operands (tensor-wise scales, or row-wise for ``rowwise``) for the FP8
-  projections; with activation checkpointing the decoder layers' forward products count twice.
+  bf16 (the second operand transposed, as ``F.linear`` passes its weight), or ``torch._scaled_mm`` on e4m3
+  operands (tensor-wise scales, or row-wise for ``rowwise``) for the FP8 projections; with activation
+  checkpointing the decoder layers' forward products count twice.
 - **attention**: ``F.scaled_dot_product_attention`` forward and backward as transformers' sdpa path calls it: causal
   with ``enable_gqa`` where the layer has no mask, an explicit sliding-window mask over repeated key/value heads
   where it has one (Gemma-3's local layers), on whichever backend PyTorch picks for that call, as in the model.
@@ -137,17 +138,19 @@ class PartTimer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _time_ms(self, fn: Callable[[], object]) -> float:
+    def _time_ms(self, fn: Callable[[], object], *, calls: int | None = None) -> float:
         """Median over ``repeats`` of the mean milliseconds per call of a loop of calls long enough to hide the
-        launches (about ``target_ms`` each), after two untimed calls."""
+        launches (about ``target_ms`` each, or ``calls``: collectives need the same count on every rank), after
+        two untimed calls."""
         for _ in range(2):
             fn()
         self._sync()
-        start = time.perf_counter()
-        fn()
-        self._sync()
-        once = max(time.perf_counter() - start, 1e-6) * 1e3
-        calls = max(1, min(200, math.ceil(self.target_ms / once)))
+        if calls is None:
+            start = time.perf_counter()
+            fn()
+            self._sync()
+            once = max(time.perf_counter() - start, 1e-6) * 1e3
+            calls = max(1, min(200, math.ceil(self.target_ms / once)))
         samples = []
         for _ in range(self.repeats):
             self._sync()
@@ -173,8 +176,8 @@ class PartTimer:
             a = torch.randn(m, k, device=self.device, dtype=torch.bfloat16)
             b = torch.randn(n, k, device=self.device, dtype=torch.bfloat16)
             if precision == "bf16":
-                bt = b.t().contiguous()
-                return self._time_ms(lambda: torch.mm(a, bt))
+                # As F.linear multiplies: the second operand a transposed view of a row-major (n, k) weight.
+                return self._time_ms(lambda: torch.mm(a, b.t()))
             a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
             if precision == "rowwise":
                 sa = torch.ones(m, 1, device=self.device)
@@ -216,6 +219,23 @@ class PartTimer:
 
         fwd, bwd = self._cached(f"sdpa b{batch} h{heads}/{kv_heads} s{seq} d{head_dim} w{window}", measure)
         return fwd, bwd
+
+    def fsdp_comm_ms(self, parameters: int) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) milliseconds of an FSDP2 unit of ``parameters`` bf16 parameters over the
+        default process group, as FSDP2 issues them (one flat buffer each). Every rank must call it alike."""
+        import torch.distributed as dist
+
+        def measure() -> list[float]:
+            world = dist.get_world_size()
+            shard = math.ceil(parameters / world)
+            local = torch.empty(shard, device=self.device, dtype=torch.bfloat16)
+            whole = torch.empty(shard * world, device=self.device, dtype=torch.bfloat16)
+            gather = self._time_ms(lambda: dist.all_gather_into_tensor(whole, local), calls=10)
+            scatter = self._time_ms(lambda: dist.reduce_scatter_tensor(local, whole), calls=10)
+            return [gather, scatter]
+
+        gather, scatter = self._cached(f"fsdp comm {parameters}", measure)
+        return gather, scatter
 
     def bandwidth_GBps(self) -> float:
         """Bytes read + written per second by a copy of 1 GiB (64 MiB on the CPU)."""

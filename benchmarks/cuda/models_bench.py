@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import causal_lm
+from benchmarks.common import enable_checkpointing
 from benchmarks.common import environment
 from benchmarks.common import fp8_linear_config
 from benchmarks.common import parse_side
@@ -134,11 +135,7 @@ def prepare(model, variant: str, modifiers: list[str], *, checkpointing: bool = 
             raise ValueError(f"unknown variant modifier {modifier!r}; expected chunk<N>, or lm_head on an fp8 variant")
     if checkpointing:
         # Before any variant's own preparation, so every variant recomputes the same decoder layers.
-        # transformers 5.x renamed gradient_checkpointing_enable (the old name warns); earlier ones have only it.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     moe = any(hasattr(model.config, key) for key in ("num_experts", "num_local_experts"))
     how = f"experts_implementation={model.config._experts_implementation}" if moe else ""
     if variant == "liger":
