@@ -12,12 +12,15 @@
 #             fully_shard with and without kernelize (before / after), prefetch of 2 layers
 #                                                                                    -> $OUT/fsdp2-1gpu.json
 #   fp8       models_bench on llama-3.1-8b (32 layers), activation checkpointing in every variant, 2 x 4096
-#             tokens: kernelize_compile against FP8 tensorwise / rowwise, lm_head in FP8 or not
-#                                                                                    -> $OUT/fp8-full-depth.json
-#   accuracy  fp8_accuracy at ACC_LAYERS (default 32) layers with checkpointing, ACC_STEPS (300) steps, one
-#             process per variant (ACC_VARIANTS, default "bf16 fp8_tensorwise")       -> $OUT/fp8-accuracy.json
-# Knobs: STAGES (default "probe floor fsdp2"), FLOOR_VARIANTS, FLOOR_TIMEOUT (330 s), FSDP2_VARIANTS, FSDP2_TIMEOUT
-# (330 s), FP8_VARIANTS, FP8_TIMEOUT (560 s), ACC_LAYERS, ACC_STEPS, ACC_VARIANTS, ACC_TIMEOUT (270 s per variant).
+#             tokens: kernelize_compile against FP8 tensorwise / rowwise, lm_head in FP8 or not; FP8_COMPILE_LAYERS=1
+#             compiles each decoder layer alone (every variant alike)                  -> $OUT/fp8-full-depth.json
+#   accuracy  fp8_accuracy at ACC_LAYERS (default 16) layers (ACC_CHECKPOINTING=1: with checkpointing), ACC_STEPS
+#             (300) steps, one process per variant (ACC_VARIANTS, default "bf16 fp8_tensorwise")
+#                                                                                      -> $OUT/fp8-accuracy.json
+# Knobs: STAGES (default "probe floor fsdp2"), FLOOR_VARIANTS, FLOOR_TIMEOUT (300 s), FSDP2_VARIANTS, FSDP2_TIMEOUT
+# (240 s), FP8_VARIANTS, FP8_TIMEOUT (540 s), ACC_LAYERS, ACC_STEPS, ACC_VARIANTS, ACC_TIMEOUT (270 s per variant).
+# Every results file is rewritten after each row or variant, so a stage cut by its timeout keeps what it measured
+# (fp8_accuracy: each finished variant).
 # NVLink SHARP / multicast stay off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1).
 # SMOKE=1: the same commands on the CPU with tiny models and one or two steps, in the current environment (no wheel
 # or editable install), to check the script anywhere: SMOKE=1 OUT=/tmp/smoke STAGES="floor fsdp2 fp8 accuracy" bash ...
@@ -52,24 +55,25 @@ if has probe; then
 fi
 if has floor; then
   log floor
-  timeout "${FLOOR_TIMEOUT:-330}" python3 -m benchmarks.cuda.models_bench --models qwen3-0.6b,llama-3.1-8b-4l,gemma-3-4b-6l \
+  timeout "${FLOOR_TIMEOUT:-300}" python3 -m benchmarks.cuda.models_bench --models qwen3-0.6b,llama-3.1-8b-4l,gemma-3-4b-6l \
     --variants "${FLOOR_VARIANTS:-kernelize,kernelize_compile}" --tokens 2x4096 --steps 6 --warmup 2 --profile \
-    --timeout 200 --out "$WORK/floor-models.json" $MODELS_SMOKE 2>&1 | grep -v '^{' | tee -a "$OUT/log.txt"
+    --timeout 200 --out "$WORK/floor-models.json" $MODELS_SMOKE 2>&1 | grep --line-buffered -v '^{' | tee -a "$OUT/log.txt"
   keep "$WORK/floor-models.json"
 fi
 if has fsdp2; then
   log fsdp2
-  timeout "${FSDP2_TIMEOUT:-330}" torchrun --standalone --nproc_per_node 1 -m benchmarks.cuda.distributed_bench \
+  timeout "${FSDP2_TIMEOUT:-240}" torchrun --standalone --nproc_per_node 1 -m benchmarks.cuda.distributed_bench \
     --variants "${FSDP2_VARIANTS:-eager,kernelize_before,kernelize_after,compile,kernelize_compile,kernelize_compile_after,kernelize_before+prefetch2,kernelize_after+prefetch2}" \
     --optimizer foreach --rounds 3 --steps 8 --warmup 3 --out "$WORK/fsdp2-1gpu.json" $DIST_SMOKE 2>&1 \
-    | grep -v -E '^ +declined|^  [a-z_+0-9]+: ' | tee -a "$OUT/log.txt" | tail -40
+    | grep --line-buffered -v -E '^ +declined|^  [a-z_+0-9]+: ' | tee -a "$OUT/log.txt" | tail -40
   keep "$WORK/fsdp2-1gpu.json"
 fi
 if has fp8; then
   log fp8
-  timeout "${FP8_TIMEOUT:-560}" python3 -m benchmarks.cuda.models_bench --models llama-3.1-8b --checkpointing \
+  timeout "${FP8_TIMEOUT:-540}" python3 -m benchmarks.cuda.models_bench --models llama-3.1-8b --checkpointing \
+    ${FP8_COMPILE_LAYERS:+--compile-layers} \
     --variants "${FP8_VARIANTS:-kernelize_compile,fp8_tensorwise,fp8_tensorwise+lm_head,fp8_rowwise}" --tokens 2x4096 \
-    --steps 4 --warmup 1 --timeout 260 --out "$WORK/fp8-full-depth.json" $MODELS_SMOKE 2>&1 | grep -v '^{' | tee -a "$OUT/log.txt"
+    --steps 4 --warmup 1 --timeout 260 --out "$WORK/fp8-full-depth.json" $MODELS_SMOKE 2>&1 | grep --line-buffered -v '^{' | tee -a "$OUT/log.txt"
   keep "$WORK/fp8-full-depth.json"
 fi
 if has accuracy; then
@@ -77,7 +81,8 @@ if has accuracy; then
   # One command per variant: fp8_accuracy keeps an earlier variant's row of the same settings, so a variant cut
   # by its timeout leaves the others'.
   for variant in ${ACC_VARIANTS:-bf16 fp8_tensorwise}; do
-    timeout "${ACC_TIMEOUT:-270}" python3 -m benchmarks.cuda.fp8_accuracy --layers "${ACC_LAYERS:-32}" --checkpointing \
+    timeout "${ACC_TIMEOUT:-270}" python3 -m benchmarks.cuda.fp8_accuracy --layers "${ACC_LAYERS:-16}" \
+      ${ACC_CHECKPOINTING:+--checkpointing} \
       --steps "${ACC_STEPS:-300}" --variants "$variant" --timeout "${ACC_TIMEOUT:-270}" --out "$WORK/accuracy" $ACC_SMOKE \
       2>&1 \
       | tail -25 | tee -a "$OUT/log.txt"

@@ -37,7 +37,9 @@ breakdown); with ``--profile`` also ``gpu_idle_ms`` (the step's time with no ker
 
 ``llama-3.1-8b`` is the Llama-3.1-8B shape at its full depth (32 layers). ``--checkpointing`` turns on activation
 checkpointing (transformers' ``gradient_checkpointing_enable``, non-reentrant) in every variant alike, and the
-floor counts the recomputed forward. The modifier ``+lm_head`` on an FP8 variant (``fp8_tensorwise+lm_head``) puts
+floor counts the recomputed forward. ``--compile-layers``: the compile variants compile each decoder layer alone
+(one graph for all of them, as torchtitan does) instead of the whole model, so a 32-layer model compiles in about
+one layer's time. The modifier ``+lm_head`` on an FP8 variant (``fp8_tensorwise+lm_head``) puts
 ``lm_head`` in FP8 too (``[kinds.linear] options = { lm_head = true }``; the fused loss then declines, so the loss
 runs unfused). ``--device cpu --tiny`` runs every code path on a 2-layer model of each shape on the CPU (a smoke
 test: nothing to read in its numbers; FP8 rows carry kernelize's refusal there).
@@ -127,7 +129,8 @@ def build(name: str, *, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
     return causal_lm(family, device=device, dtype=dtype, experts=experts, **spec)
 
 
-def prepare(model, variant: str, modifiers: list[str], *, checkpointing: bool = False) -> tuple[object, str]:
+def prepare(model, variant: str, modifiers: list[str], *, checkpointing: bool = False,
+            compile_layers: bool = False) -> tuple[object, str]:
     for modifier in modifiers:
         if modifier.startswith("chunk"):
             set_loss_chunk_rows(modifier)
@@ -153,6 +156,13 @@ def prepare(model, variant: str, modifiers: list[str], *, checkpointing: bool = 
         kernels_core.kernelize(model, mode=mode, config=config)
         how = "; ".join(filter(None, [how, kernels_core.get_report(model).summary()]))
     if variant.endswith("compile") or fp8:
+        if compile_layers:
+            # Each decoder layer compiled alone (torchtitan's recipe): one graph serves every layer, so a deep
+            # model compiles in about one layer's time; the embedding, final norm and loss run eagerly.
+            layers = model.model.layers
+            for index, layer in enumerate(layers):
+                layers[index] = torch.compile(layer)
+            return model, how
         return torch.compile(model), how
     return model, how
 
@@ -185,14 +195,15 @@ def measure_floors(model_name: str, keys: list[str], *, tokens: tuple[int, int],
 
 
 def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tuple[int, int],
-          profile: bool = False, device: str = "cuda", tiny: bool = False, checkpointing: bool = False) -> dict:
+          profile: bool = False, device: str = "cuda", tiny: bool = False, checkpointing: bool = False,
+          compile_layers: bool = False) -> dict:
     base, *modifiers = row_name.split("@")[0].split("+")
     experts = {"hf_eager": "eager", "hf_grouped_mm": "grouped_mm",
                "hf_grouped_mm_compile": "grouped_mm"}.get(base)
     model = build(model_name, experts=experts, device=device, tiny=tiny)
     model.train()
     start = time.perf_counter()
-    runner, how = prepare(model, base, modifiers, checkpointing=checkpointing)
+    runner, how = prepare(model, base, modifiers, checkpointing=checkpointing, compile_layers=compile_layers)
     kernelize_s = time.perf_counter() - start
     gen = torch.Generator(device=device).manual_seed(1)
     batch = torch.randint(0, model.config.vocab_size, tokens, device=device, generator=gen)
@@ -233,6 +244,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="2-layer models of each shape (a smoke test)")
     parser.add_argument("--checkpointing", action="store_true",
                         help="activation checkpointing (non-reentrant) on the decoder layers, in every variant")
+    parser.add_argument("--compile-layers", action="store_true",
+                        help="compile variants compile each decoder layer alone instead of the whole model")
     parser.add_argument("--no-floor", action="store_true", help="no floor accounting (benchmarks.cuda.floor)")
     parser.add_argument("--floors", help=argparse.SUPPRESS)
     parser.add_argument("--floor-cache", type=pathlib.Path, help=argparse.SUPPRESS)
@@ -251,7 +264,7 @@ def main() -> None:
             else:
                 row.update(train(model_name, variant, steps=args.steps, warmup=args.warmup, tokens=tokens,
                                  profile=args.profile, device=args.device, tiny=args.tiny,
-                                 checkpointing=args.checkpointing))
+                                 checkpointing=args.checkpointing, compile_layers=args.compile_layers))
             if args.settle and args.device == "cuda":
                 settle_cpp_extension()
         except Exception as exc:  # noqa: BLE001 - a failing variant is a result to report
@@ -266,7 +279,8 @@ def main() -> None:
               env: dict[str, str] | None = None) -> dict:
         tmp = args.out.with_name(f".{model_name}-{variant}.json")
         common = ["--device", args.device, *(["--tiny"] if args.tiny else []),
-                  *(["--checkpointing"] if args.checkpointing else [])]
+                  *(["--checkpointing"] if args.checkpointing else []),
+                  *(["--compile-layers"] if args.compile_layers else [])]
         cmd = python_m("benchmarks.cuda.models_bench", "--child", f"{model_name}:{variant}", "--out", str(tmp),
                        "--steps", str(steps), "--warmup", str(args.warmup), "--tokens", args.tokens, *common, *extra)
         start = time.perf_counter()
@@ -302,22 +316,32 @@ def main() -> None:
                         env["TRITON_CACHE_DIR"] = empty
                     row = child(model_name, row_name, *(["--profile"] if args.profile else []), env=env)
                 runs.setdefault((model_name, row_name), []).append(row)
+                _write(args, runs, floors)  # after every row: a run cut short keeps what it measured
                 print(json.dumps({k: v for k, v in row.items()
                                   if k not in ("traceback", "losses", "profile_one_step")}), flush=True)
+    rows = _write(args, runs, floors)
+    _ratios(rows, quiet=False)
+    _chart(rows, args.out.with_suffix(".png"))
+
+
+def _write(args: argparse.Namespace, runs: dict[tuple[str, str], list[dict]],
+           floors: dict[str, dict[str, Any]]) -> list[dict]:
+    """Write ``--out`` from the rows measured so far (medians over rounds, floors attached, ratios) and return them."""
     rows = [_median_row(rounds) for rounds in runs.values()]
     for row in rows:
         floor.attach(row, floors.get(row["model"], {}).get(floor_key(row["variant"])))
-    _ratios(rows)
+    _ratios(rows, quiet=True)
     write_json(args.out, {
         "environment": environment() if args.device == "cuda" else {"device": "cpu", "torch": torch.__version__},
         "config": f"bf16, sdpa, AdamW(fused), {args.tokens} tokens, {args.steps} timed steps after "
                   f"{args.warmup} warm-up steps and the first step"
                   + ("; activation checkpointing (non-reentrant) in every variant" if args.checkpointing else "")
+                  + ("; compile variants: each decoder layer compiled alone" if args.compile_layers else "")
                   + ("; --tiny 2-layer models" if args.tiny else "")
                   + (f"; median of {args.rounds} alternating rounds" if args.rounds > 1 else ""),
         "rows": rows,
     })
-    _chart(rows, args.out.with_suffix(".png"))
+    return rows
 
 
 _MEASURES = ("tokens_per_s", "step_ms", "peak_GiB", "first_step_s", "kernelize_s", "to_first_step_s")
@@ -341,7 +365,7 @@ def _median_row(rounds: list[dict]) -> dict:
     return row
 
 
-def _ratios(rows: list[dict]) -> None:
+def _ratios(rows: list[dict], *, quiet: bool) -> None:
     index = {(r["model"], r["variant"]): r for r in rows}
     for row in rows:
         if not row.get("tokens_per_s"):
@@ -355,6 +379,8 @@ def _ratios(rows: list[dict]) -> None:
             row["first_step_vs_eager"] = round(row["first_step_s"] / eager["first_step_s"], 2)
             if row.get("to_first_step_s"):
                 row["to_first_step_vs_eager"] = round(row["to_first_step_s"] / eager["to_first_step_s"], 2)
+        if quiet:
+            continue
         print(f"{row['model']:18s} {row['variant']:22s} {row['tokens_per_s']:8d} tok/s  "
               f"x{row.get('speed_vs_eager', 0):.2f} eager  x{row.get('speed_vs_compile', 0):.2f} compile  "
               f"peak {row['peak_GiB'] or 0:.1f} GiB  first step {row['first_step_s']:.1f} s  "
