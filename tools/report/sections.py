@@ -138,7 +138,7 @@ def models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
     if floored:
         parts += ["The step's floor from measured parts (`benchmarks/cuda/floor.py`, see "
                   "[Floor accounting](#floor-accounting)), in ms:", "",
-                  markdown_table(("model", "variant", "step", "floor", "of the floor", "GEMMs", "attention",
+                  markdown_table(("model", "variant", "step", "floor", "floor / step", "GEMMs", "attention",
                                   "memory-bound", "FP8 casts", "AdamW", "GPU idle"),
                                  ((row["model"], f"`{row['variant']}`", f"{row['step_ms']:.1f}",
                                    f"{row['floor_ms']:.1f}", f"{row['floor_fraction']:.0%}",
