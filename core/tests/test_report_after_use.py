@@ -150,6 +150,19 @@ def test_unkernelizing_part_of_a_model_shows_in_the_report(ref_pm, calls):
     assert calls == _expected_calls(now)
 
 
+def test_layers_compiled_in_place_after_kernelize_keep_their_report(ref_pm, calls):
+    # The FSDP2 recipe: kernelize, then each decoder layer replaced by torch.compile(layer), whose forward calls the
+    # kernelized layer. The report looks through the wrapper; the kernels bound on the layer itself still run.
+    model = tiny_causal_lm("llama")
+    kernels_core.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, plugin_manager=ref_pm)
+    before = kernels_core.get_report(model).entries
+    assert any(e.module == "model.layers.0" and e.applied for e in before), "a kernel bound on the layer itself"
+    layers = model.model.layers
+    for index, layer in enumerate(layers):
+        layers[index] = torch.compile(layer)
+    assert kernels_core.get_report(model).entries == before
+
+
 # --- Dtype conversions after kernelize ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", [Mode.TRAINING, Mode.INFERENCE], ids=["training", "inference"])

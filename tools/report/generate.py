@@ -393,6 +393,23 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
     return out
 
 
+# How models_bench and distributed_bench compute a row's floor (benchmarks/cuda/floor.py holds the details).
+FLOOR_METHOD = (
+    "`models_bench.py` and `distributed_bench.py` give each dense row `floor_ms`, the step's time if every part ran "
+    "at the speed this machine reaches for that part alone, and `floor_fraction`, the floor over the measured step. "
+    "The parts, timed in the same run on the same GPU: every linear layer's forward, input-gradient and "
+    "weight-gradient GEMM (decoder projections and `lm_head`) with cuBLAS at its exact shape (`torch.mm` in bf16, "
+    "`torch._scaled_mm` for FP8 projections); attention as transformers' sdpa path calls "
+    "`scaled_dot_product_attention`, forward and backward, on the backend PyTorch picks for it (causal with "
+    "grouped KV heads; Gemma-3's sliding-window layers with their mask); the memory-bound work (RMSNorms, residual "
+    "adds, rotary embeddings, the gated activation, the embedding, the loss, FP8 casts) at the fewest bytes each "
+    "must move, and AdamW's seven parameter-sized tensors, both at the bandwidth of a 1 GiB device copy; under "
+    "FSDP2 the exposed part of the measured all-gathers and reduce-scatters of each unit. Activation "
+    "checkpointing counts the decoder layers' forward twice. With `--profile` a row also says where the rest goes: "
+    "`gpu_idle_ms` (the step's time with no kernel running, the host's share) and `kernels_above_floor_ms`. MoE "
+    "shapes are not modelled (the experts' grouped GEMMs depend on the routing) and their rows say so.")
+
+
 def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     """The benchmarks page: headline, per-benchmark tables, charts, and an inventory of every results file."""
     parts = ["# Benchmarks", "",
@@ -413,9 +430,9 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     for stem, data in results.items():
         if stem.startswith("distributed-") and (data.get("runs") or data.get("variants")):
             parts += distributed_section(stem, data, chart_dir)
-    for stem in ("moe-h100", "gemma-h100"):
-        if stem in results:
-            parts += models_section(stem, results[stem], chart_dir)
+    for stem, data in results.items():
+        if stem in ("moe-h100", "gemma-h100") or (stem.startswith("models-") and data.get("rows")):
+            parts += models_section(stem, data, chart_dir)
     if "decode-h100" in results:
         parts += decode_section(results["decode-h100"], chart_dir)
     bindings = {row["model"]: row["binding"] for row in results.get("decode-h100", {}).get("rows", ())
@@ -436,6 +453,7 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
             if chart_dir is not None and len(rows) > 1:
                 parts += [f"![{stem} throughput]({chart_dir}/{stem}-throughput.svg)",
                           f"![{stem} memory]({chart_dir}/{stem}-memory.svg)", ""]
+    parts += ["## Floor accounting", "", FLOOR_METHOD, ""]
     parts += ["## Every results file", "",
               markdown_table(("file", "device", "date", "commit"),
                              ((f"`{stem}.json`", long_device(data), date_of(data), commits_of(data))

@@ -550,6 +550,10 @@ def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], d
         module = model.get_submodule(name)
     except AttributeError:
         return "the module is no longer in the model", set(), {}
+    # torch.compile(module) put in its place (each decoder layer compiled, as FSDP2 recipes do) calls the module it
+    # wraps, ``_orig_mod``, whose binding then runs.
+    while BINDING_ATTR not in module.__dict__ and isinstance(module._modules.get("_orig_mod"), nn.Module):
+        module = module._modules["_orig_mod"]
     record = module.__dict__.get(BINDING_ATTR)
     if record is None:
         return ("its binding was removed since kernelize (unkernelize of a part of the model, or a copy of that "

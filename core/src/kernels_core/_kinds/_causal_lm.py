@@ -121,6 +121,12 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
     operands = linear_operands(lm_head)
     if isinstance(operands, str):
         return Decline("causal_lm_loss", operands)
+    if ctx.options.get("linear", {}).get("lm_head", False):
+        # The fused loss multiplies hidden states by lm_head's bf16 weight itself and never calls lm_head, so a
+        # precision-changing linear kernel asked for lm_head (FP8) would be bound but never run in training.
+        return Decline("causal_lm_loss", "[kinds.linear] options.lm_head asks for lm_head's own linear kernel "
+                                         "(FP8): the fused loss would bypass it, so the loss runs unfused "
+                                         "(lm_head, then transformers' cross-entropy)")
     blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), ctx)
     if blocker:
         return Decline("causal_lm_loss", blocker)
