@@ -35,6 +35,7 @@ from ._manager import KernelsPluginManager
 from ._manager import ProvidedKernel
 from ._manager import ProvidedKind
 from ._manager import get_plugin_manager
+from ._plugin_info import KernelProblem
 from ._plugin_info import PluginStatus
 from ._resolve import runnable_here
 from ._tolerance import kernel_tolerance
@@ -184,19 +185,35 @@ def check(
     _unknown("plugin", plugins, infos)
     selected = set(plugins) or set(infos)
     provided = [p for p in pm.kernels() if p.plugin.name in selected]
-    _unknown("kernel", kernels, {p.spec.id for p in provided})
+    rejected = [(spec, info, reason) for spec, info, reason in pm.rejected_kernels()
+                if info.name in selected and (not kernels or spec.id in kernels)]
+    _unknown("kernel", kernels, {p.spec.id for p in provided} | {spec.id for spec, _, _ in rejected})
     results: list[CheckResult] = []
     for name in sorted(selected):
         info = infos[name]
         if info.status != PluginStatus.LOADED:
             status = SKIPPED if info.status == PluginStatus.BLOCKED else FAIL
             results.append(CheckResult("-", name, "-", status, reason=f"plugin {info.status}: {info.reason}"))
-        elif plugins and not any(p.plugin.name == name for p in provided):
+            continue
+        # What kernelize would warn about once and go on without: a mistake all the same.
+        results.extend(CheckResult("-", name, "-", FAIL, reason=problem) for problem in pm.plugin_problems(name))
+        if plugins and not any(p.plugin.name == name for p in provided) and not any(
+                info.name == name for _, info, _ in rejected):
             results.append(CheckResult("-", name, "-", SKIPPED, reason="the plugin declares no kernels"))
+    # A declared kernel that kernelize never uses fails, with the verdict `kernels-core kernels` lists.
+    results.extend(CheckResult(spec.id, info.name, spec.kind, FAIL, reason=f"{KernelProblem.REJECTED}: {reason}")
+                   for spec, info, reason in rejected)
     kinds = pm.layer_kinds()
     backends = pm.backends()
+    verdicts = pm.kernel_problems()
     for item in provided:
         if kernels and item.spec.id not in kernels:
+            continue
+        missing = [(status, detail) for status, detail in verdicts.get(item.spec.id, ())
+                   if status == KernelProblem.IMPL_MISSING]
+        if missing:
+            results.extend(CheckResult(item.spec.id, item.plugin.name, item.spec.kind, FAIL, reason=f"{status}: {detail}")
+                           for status, detail in missing)
             continue
         results.extend(_check_kernel(item, kinds.get(item.spec.kind), backends,
                                      compile_backend=compile_backend if compile else None))

@@ -17,6 +17,7 @@ from . import list_plugins
 from ._check import DEFAULT_COMPILE_BACKEND
 from ._hints import did_you_mean
 from ._manager import get_plugin_manager
+from ._plugin_info import KernelProblem
 from ._report import format_table
 from ._types import Supports
 from ._types import device_name
@@ -92,7 +93,7 @@ def _kernels(args: argparse.Namespace) -> int:
                      dtypes, plugin.name, status))
     for spec, plugin, _reason in rejected:
         rows.append((spec.id, spec.kind, ",".join(spec.variants), spec.backend, str(spec.priority), "-", "-",
-                     plugin.name, "rejected"))
+                     plugin.name, str(KernelProblem.REJECTED)))
     print(format_table(("kernel", "kind", "variants", "backend", "priority", "modes", "dtypes", "plugin", "status"),
                        rows))
     for spec, plugin in kernels:

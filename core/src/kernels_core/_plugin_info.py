@@ -115,6 +115,7 @@ class KernelProblem(StatusEnum):
     CANNOT_RUN_HERE = "cannot run here"
     FELL_BACK = "fell back"
     IMPL_MISSING = "impl missing"
+    REJECTED = "rejected"
 
 
 @dataclass(frozen=True)
