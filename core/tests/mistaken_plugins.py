@@ -139,8 +139,10 @@ def fc_mlp(x, w1, b1, w2, b2):
 
 
 def fc_mlp_cases():
-    return [ConformanceCase("gelu", "FcMlp(8)", build=lambda device, dtype: (FcMlp().to(device=device, dtype=dtype), ""),
-                            inputs=lambda target, gen: ((torch.randn(3, 8, generator=gen).to(target.fc1.weight),), {}))]
+    return [ConformanceCase("gelu", "FcMlp(8)",
+                            build=lambda device, dtype: (FcMlp().to(device=device, dtype=dtype), ""),
+                            inputs=lambda target, gen: ((torch.randn(3, 8, generator=gen).to(target.fc1.weight),),
+                                                        {}))]
 
 
 class _FcMlpPlugin:

@@ -3,8 +3,8 @@
 :func:`cross_check` is a pure function of every loaded plugin's declarations: it returns what to keep and what it
 found, and the plugin manager applies that (statuses, warnings, listings, strict mode). A kernel of a kind its
 plugin does not own is checked against the owner's declaration: an unknown variant drops that kernel alone, with
-the allowed variants named; a malformed ``KernelSpec`` drops that kernel alone, naming the field. A second declaration of
-a layer kind skips the later plugin whole. A kernel id declared by several plugins goes to the declaration with the
+the allowed variants named; a malformed ``KernelSpec`` drops that kernel alone, naming the field. A second
+declaration of a layer kind skips the later plugin whole. A kernel id declared by several plugins goes to the declaration with the
 highest priority, the others rejected (all of them on a tie), told to every declaring plugin; one priority declared
 twice for one kind and backend is a conflict. Conflicts are listed by ``kernels-core plugins``.
 
@@ -159,7 +159,8 @@ def _id_winners(kept: Mapping[str, Contribution], kinds: Mapping[str, object]
 
 def _id_problem(spec: KernelSpec, name: str, plugins: Mapping[str, int], winner: str | None) -> str:
     declared = ", ".join(f"{plugin!r} (priority {priority})" for plugin, priority in sorted(plugins.items()))
-    fix = "Kernel ids are global: rename the kernel (conventionally <backend>.<kind>.<name> with the plugin's name in it)"
+    fix = ("Kernel ids are global: rename the kernel (conventionally <backend>.<kind>.<name>, with the plugin's name "
+           "in it)")
     if winner is None:
         return f"kernel id {spec.id!r} is declared by plugins {declared} with equal priority, so none is used. {fix}"
     if winner == name:

@@ -592,6 +592,10 @@ class ConformanceCase:
             tensors of a returned tuple.
         factor: the case's bound is ``factor * tolerance(dtype)``; above 1 where the kernel's rounding passes
             through further layers before the compared outputs (a decoder layer, a whole model).
+        edge_rows: the check replaces rows of the floating-point positional inputs (the last dimension being a row)
+            with the values real models feed: an all-zero row, a row scaled to 1e-3 and one scaled by 64, so that
+            a kernel that forgets an epsilon or overflows an intermediate fails. ``False`` for inputs where such
+            rows are not valid (probabilities, indices stored as floats).
     """
 
     variant: str
@@ -600,6 +604,7 @@ class ConformanceCase:
     inputs: Callable[[Any, Any], tuple[tuple[Any, ...], dict[str, Any]]]
     outputs: Callable[[Any], tuple[Any, ...]] = _output_tensors
     factor: float = 1.0
+    edge_rows: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.variant, str) or not self.variant:
