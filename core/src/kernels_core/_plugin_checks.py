@@ -4,9 +4,9 @@
 found, and the plugin manager applies that (statuses, warnings, listings, strict mode). A kernel of a kind its
 plugin does not own is checked against the owner's declaration: an unknown variant drops that kernel alone, with
 the allowed variants named; a malformed ``KernelSpec`` drops that kernel alone, naming the field. A second
-declaration of a layer kind skips the later plugin whole. A kernel id declared by several plugins goes to the declaration with the
-highest priority, the others rejected (all of them on a tie), told to every declaring plugin; one priority declared
-twice for one kind and backend is a conflict. Conflicts are listed by ``kernels-core plugins``.
+declaration of a layer kind skips the later plugin whole. A kernel id declared by several plugins goes to the
+declaration with the highest priority, the others rejected (all of them on a tie), told to every declaring plugin;
+one priority declared twice for one kind and backend is a conflict. Conflicts are listed by ``kernels-core plugins``.
 
 Example:
     >>> from kernels_core._plugin_info import Contribution

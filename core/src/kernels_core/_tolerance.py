@@ -47,8 +47,8 @@ TOLERANCES: Mapping[str, Tolerance] = MappingProxyType({
 fp32 intermediate the eager code rounds differs by a few ulps of the output, so the bounds are a few eps; fp32
 differences come from reduction order only. A few ulps of the largest output in bf16 is 2%, so bf16's ``rms``
 bounds the error over all elements by twice its unit roundoff (7.8e-3): honest rounding differences stay well inside,
-and a 1% error in the math fails in every dtype. In the other dtypes ``kernel`` already fails a 1% error; their ``rms`` is
-the same bound."""
+and a 1% error in the math fails in every dtype. In the other dtypes ``kernel`` already fails a 1% error; their
+``rms`` is the same bound."""
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
