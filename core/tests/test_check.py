@@ -247,3 +247,18 @@ def test_kernels_and_check_share_the_impl_missing_verdict(capsys):
     (line,) = [line for line in out.splitlines() if line.startswith("acme.rms_norm.missing")]
     assert line.rstrip().endswith("impl missing")
     assert "impl missing: impl 'mistaken_plugins:no_such_function'" in checked
+
+
+def test_plugin_exceptions_keep_their_traceback_in_check_json_and_traceback(broken_pm, capsys):
+    previous = _manager.reset_plugin_manager(broken_pm)
+    try:
+        assert _cli.main(["check", "sharp", "--no-compile", "--json"]) == 1
+        data = json.loads(capsys.readouterr().out)
+        assert _cli.main(["check", "sharp", "--no-compile", "--traceback"]) == 1
+        out = capsys.readouterr().out
+    finally:
+        _manager.reset_plugin_manager(previous)
+    (row,) = [r for r in data["results"] if r["kernel"] == "sharp.linear" and r["case"] != "model zoo"]
+    assert row["traceback"].startswith("Traceback (most recent call last)")
+    assert 'raise RuntimeError(f"matcher confused by' in row["traceback"]
+    assert "Traceback (most recent call last)" in out and 'raise RuntimeError(f"matcher confused by' in out

@@ -108,6 +108,7 @@ class CheckResult:
     error: float | None = None
     bound: float | None = None
     reason: str | None = None
+    traceback: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -387,6 +388,15 @@ def _kernel_forward(target: Any, kind: ProvidedKind, spec: Any, ref: str, match:
     return forward
 
 
+def _traceback(exc: BaseException | None) -> str | None:
+    """The formatted traceback of a plugin's exception (``check --json``, ``check --traceback``), or None."""
+    if exc is None:
+        return None
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
+
+
 def _message(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()
     line = text[0] if text else type(exc).__name__
@@ -472,9 +482,10 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
     dtype = getattr(torch, dtype_name)
     bound = case.factor * tolerance(dtype)
 
-    def result(status: CheckStatus, reason: str | None = None, error: float | None = None) -> CheckResult:
+    def result(status: CheckStatus, reason: str | None = None, error: float | None = None,
+               exc: BaseException | None = None) -> CheckResult:
         return CheckResult(**base, device=device_str, dtype=dtype_name, case=label, status=status, reason=reason,
-                           error=error, bound=bound if error is not None else None)
+                           error=error, bound=bound if error is not None else None, traceback=_traceback(exc))
 
     training = Supports.BACKWARD in spec.supports
     with torch.random.fork_rng(devices=[]):
@@ -489,7 +500,7 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
             verdict = load_ref(kind.kind.matcher)(target, target_name, MatchContext(root))
         except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
             return result(FAIL, f"the kind's matcher {kind.kind.matcher} (plugin {kind.plugin.name!r}) raised "
-                                f"{_message(exc)}")
+                                f"{_message(exc)}", exc=exc)
         if not isinstance(verdict, Match):
             why = getattr(verdict, "reason", "it returned no match")
             return result(FAIL, f"the kind's matcher does not accept the case's module: {why}")
@@ -498,7 +509,7 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
         try:
             args, kwargs = case.inputs(target, torch.Generator().manual_seed(1))
         except Exception as exc:  # noqa: BLE001
-            return result(FAIL, f"the case's inputs raised {_message(exc)}")
+            return result(FAIL, f"the case's inputs raised {_message(exc)}", exc=exc)
         if case.edge_rows:
             args = tuple(_with_edge_rows(value) for value in args)
         leaves: list[tuple[str, Any]] = []
@@ -539,7 +550,7 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
                 forward = _kernel_forward(target, kind, spec, ref, verdict)
             except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
                 return result(FAIL, f"the kind's adapter {kind.kind.adapter} (plugin {kind.plugin.name!r}) raised "
-                                    f"{_message(exc)}")
+                                    f"{_message(exc)}", exc=exc)
             fn: Callable[..., Any] = forward
             if compile_backend is not None:
                 torch._dynamo.reset()
@@ -548,8 +559,8 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
                 actual, actual_grads = run(fn)
             except Exception as exc:  # noqa: BLE001 - the kernel's failure is the result
                 if compile_backend is None:
-                    return result(FAIL, f"the kernel raised {_message(exc)}")
-                return result(FAIL, _compiled_failure(exc, lambda: run(forward)))
+                    return result(FAIL, f"the kernel raised {_message(exc)}", exc=exc)
+                return result(FAIL, _compiled_failure(exc, lambda: run(forward)), exc=exc)
         finally:
             _unregister(ref)
             if compile_backend is not None:

@@ -50,7 +50,7 @@ __all__ = [
     "rewrap",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kernels_core")  # the package's one logger
 
 
 # A process-wide cache of objects that never change once made: the synthetic modules whose globals rerouted forwards
