@@ -29,7 +29,13 @@ def user_stacklevel() -> int:
     outside kernels-core and torch: the user's call of kernelize, or of the model.
 
     Example:
-        >>> user_stacklevel() >= 2
+        >>> import warnings
+        >>> def warn_from_library():
+        ...     warnings.warn("kernel passed over", UserWarning, stacklevel=user_stacklevel())
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_from_library()
+        >>> caught[0].lineno > 0
         True
     """
     frame = sys._getframe(1)  # the frame that calls warnings.warn
