@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from ._config import ConfigError
 from ._config import ConfigWarning
 from ._config import KernelsConfig
+from ._hints import user_stacklevel
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
 from ._manager import KernelsPluginManager
@@ -242,24 +242,14 @@ def check_config(config: KernelsConfig, pm: KernelsPluginManager) -> list[Config
         ...              fresh_plugin_manager())
         Traceback (most recent call last):
         ...
-        kernels_core._config.ConfigError: config argument: kinds.rms_norm.options.x: unknown option 'x' for kind ...
+        kernels_core.ConfigError: config argument: kinds.rms_norm.options.x: unknown option 'x' for kind ...
     """
     problems = list(dict.fromkeys(config_problems(config, pm)))
     fatal = [p for p in problems if p.error]
     if fatal:
         raise ConfigError(str(fatal[0]) if len(fatal) == 1 else (
             f"{len(fatal)} configuration problems:\n  " + "\n  ".join(str(p) for p in fatal)))
-    level = _stack_level()
+    level = user_stacklevel()
     for problem in problems:
         warnings.warn(f"{problem}; {_RELAX}", ConfigWarning, stacklevel=level)
     return problems
-
-
-def _stack_level() -> int:
-    """The ``stacklevel`` of the nearest frame outside this package (as seen from ``warnings.warn`` here)."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    return level

@@ -51,7 +51,7 @@ __all__ = [
     "takes_base",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kernels_core")  # the package's one logger
 
 
 # A process-wide cache of objects that never change once made: the synthetic modules whose globals rerouted forwards

@@ -168,7 +168,7 @@ def _validate_binding(binding: object, module_name: str, kernel_id: str, plugin:
 
 def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode,
           explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
-          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str]]:
+          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str], BaseException | None]:
     kinds = pm.layer_kinds()
     # Every name in the configuration is checked against what pm has: undeclared options raise, other names
     # (kinds, kernels, plugins, backends) warn, naming their source.
@@ -182,6 +182,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     faults = PluginFaults()
     checks = KernelChecks(ctx, faults)
     matchers = {}
+    raised: dict[str, object] = {}
     unusable: list[ReportEntry] = []
     for name in sorted(kinds):
         if kinds[name].kind.opt_in and not any(config.kind(name).prefer.values()):
@@ -205,10 +206,10 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 verdict = Decline(kind_name, str(exc))
             except Exception as exc:  # noqa: BLE001 - uncertain means left alone, with the reason
                 owner = provided_kind.plugin
-                faults.matcher_raised(provided_kind, module_name, module, f"{type(exc).__name__}: {exc}")
-                verdict = Decline(kind_name, f"matcher {provided_kind.kind.matcher} of plugin {owner.name!r} "
-                                             f"(distribution {owner.distribution or 'unknown'}) raised "
-                                             f"{type(exc).__name__}: {exc}")
+                # One report row for the kind (below), not one per module: the modules were not matched.
+                faults.matcher_raised(provided_kind, module_name, module, f"{type(exc).__name__}: {exc}", exc)
+                raised.setdefault(kind_name, owner)
+                continue
             if verdict is None:
                 continue
             if isinstance(verdict, Match):
@@ -270,7 +271,11 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 for inner in module.get_submodule(child).modules():
                     covered.setdefault(id(inner), (spec.id, module_name))
     faults.warn()
-    return list(plans.values()), entries, unmet, faults.strict_problems(config.strict_for)
+    messages = {fault.subject: message for fault, message in faults.messages()}
+    entries.extend(ReportEntry(module="", kind=name, variant=None, device=None, backend=None,
+                               reason=messages[f"kind:{name}"]) for name in raised if f"kind:{name}" in messages)
+    return (list(plans.values()), entries, unmet, faults.strict_problems(config.strict_for),
+            faults.first_error(config.strict_for))
 
 
 def _global_clash(planned: list[_Planned], kind: ProvidedKind, match: Match) -> str | None:
@@ -423,7 +428,7 @@ def kernelize(
         return model
     check_untouched(model, "kernelize")
     explicit = _explicit_target(device, pm.backends()) if device is not None else None
-    plans, entries, unmet, broken = _plan(model, pm, cfg, resolved_mode, explicit)
+    plans, entries, unmet, broken, cause = _plan(model, pm, cfg, resolved_mode, explicit)
     if unmet or broken:
         problems = []
         if broken:
@@ -431,7 +436,7 @@ def kernelize(
         if unmet:
             details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
             problems.append(f"{len(unmet)} matched module(s) got no kernel: {details}")
-        raise KernelizeError(f"strict kernelize: {'. '.join(problems)}")
+        raise KernelizeError(f"strict kernelize: {'. '.join(problems)}") from cause
     with Changes() as changes:
         for module in model.modules():
             unbind(changes, module)
