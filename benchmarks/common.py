@@ -94,9 +94,8 @@ def train_steps(runner, parameters, batch: torch.Tensor | Mapping[str, torch.Ten
     On a CPU ``batch`` (a smoke test) ``peak_bytes`` is None.
     """
     opt = torch.optim.AdamW(parameters, lr=1e-5, fused=True)
-    cuda = batch.device.type == "cuda"
-
     inputs = {"input_ids": batch, "labels": batch} if isinstance(batch, torch.Tensor) else batch
+    cuda = inputs["input_ids"].device.type == "cuda"
 
     def step() -> torch.Tensor:
         loss = runner(**inputs).loss
