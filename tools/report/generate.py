@@ -125,6 +125,24 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 f"({peak[variant]:.1f} GiB{each})", commit_of(data),
                 label=f"{label.format(**where)} ({short_device(data)})")
     for stem, data in results.items():
+        if not stem.startswith("packing-"):
+            continue
+        rows = {(r.get("layout"), r.get("variant")): r for r in data.get("rows", ()) if r.get("tokens_per_s")}
+        packed, mixed = rows.get(("packed", "kernelize")), rows.get(("mixed", "kernelize"))
+        if packed and packed.get("speed_vs_eager") and packed.get("speed_vs_unpacked"):
+            add(stem, "Packed rows (4 documents of 2,048 tokens in one row, per-document attention), Qwen3-0.6B "
+                "shape: kernelize", "eager, same packed rows / kernelize, unpacked", packed["speed_vs_eager"],
+                f"**{packed['speed_vs_eager']:.2f}x** / {packed['speed_vs_unpacked']:.2f}x "
+                f"({thousands(packed['tokens_per_s'])} tok/s)",
+                f"{packed['peak_vs_eager']:.2f}x / {packed['peak_vs_unpacked']:.2f}x ({packed['peak_GiB']:.1f} GiB)",
+                commit_of(data), label=f"Packed rows, Qwen3-0.6B ({short_device(data)}) vs eager packed")
+        if mixed and mixed.get("speed_vs_padded"):
+            add(stem, "Documents of 64-4,096 tokens packed in one row, Qwen3-0.6B shape: kernelize",
+                "kernelize, the same documents padded", mixed["speed_vs_padded"],
+                f"**{mixed['speed_vs_padded']:.2f}x** ({thousands(mixed['tokens_per_s'])} real tok/s)",
+                f"{mixed['peak_vs_padded']:.2f}x ({mixed['peak_GiB']:.1f} GiB)", commit_of(data),
+                label=f"Mixed-length packing, Qwen3-0.6B ({short_device(data)}) vs padded")
+    for stem, data in results.items():
         if not (stem.startswith("fp8-accuracy") and data.get("summary")):
             continue
         for variant, summary in data["summary"].items():
