@@ -85,22 +85,6 @@ def test_explicit_use_cache_argument_wins(pm):
 from kernels_core._kinds._packed import documents_of  # noqa: E402
 
 
-@pytest.fixture
-def spy(monkeypatch):
-    """The lengths of the causal, unmasked SDPA calls made: the portable packed-attention kernel makes one per
-    document; transformers' sdpa with a packed row's dense mask makes none."""
-    lengths = []
-    original = torch.nn.functional.scaled_dot_product_attention
-
-    def counted(query, *args, **kwargs):
-        if kwargs.get("is_causal") and kwargs.get("attn_mask") is None:
-            lengths.append(query.shape[-2])
-        return original(query, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
-    return lengths
-
-
 def _doc_mask(lengths, *, window=None):
     document = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
     index = torch.arange(len(document))
@@ -172,7 +156,7 @@ def _per_document_reference(model, lengths):
 
 
 @pytest.mark.parametrize("form", ["position_ids", "flattening_collator", "neat_packing"])
-def test_per_document_rows_match_eager_and_each_document_alone(pm, spy, form):
+def test_per_document_rows_match_eager_and_each_document_alone(pm, sdpa_calls, form):
     model = _model(use_cache=False)
     batch = _forms(DOCUMENTS)[form]
     eager_loss, eager_grads = _loss_and_grads(model, batch)
@@ -181,37 +165,37 @@ def test_per_document_rows_match_eager_and_each_document_alone(pm, spy, form):
     twin = _kernelized_copy(model, pm)
     bound = [e for e in kernels_core.get_report(twin).entries if e.kind == "packed_attention" and e.applied]
     assert len(bound) == model.config.num_hidden_layers
-    spy.clear()
+    sdpa_calls.clear()
     loss, grads = _loss_and_grads(twin, batch)
-    assert spy[:len(DOCUMENTS)] == list(DOCUMENTS)  # the kernel ran, one call per document
+    assert sdpa_calls[:len(DOCUMENTS)] == list(DOCUMENTS)  # the kernel ran, one call per document
     assert_close(loss, eager_loss, dtype=torch.float32)
     for name, grad in eager_grads.items():
         assert_close(grads[name], grad, dtype=torch.float32)
 
 
-def test_rows_that_attend_across_documents_stay_so(pm, spy):
+def test_rows_that_attend_across_documents_stay_so(pm, sdpa_calls):
     """A cache (config use_cache=True) makes eager attend across documents: no mask reaches attention, the kernel
     never runs and the result is eager's."""
     model = _model(use_cache=True)
     batch = _forms(DOCUMENTS)["position_ids"]
     eager_loss, _ = _loss_and_grads(model, batch)
     twin = _kernelized_copy(model, pm)
-    spy.clear()
+    sdpa_calls.clear()
     loss, _ = _loss_and_grads(twin, batch)
-    assert set(spy) == {sum(DOCUMENTS)}  # transformers' own causal calls over the whole row
+    assert set(sdpa_calls) == {sum(DOCUMENTS)}  # transformers' own causal calls over the whole row
     assert_close(loss, eager_loss, dtype=torch.float32)
 
 
-def test_padded_batches_go_to_sdpa(pm, spy):
+def test_padded_batches_go_to_sdpa(pm, sdpa_calls):
     model = _model(use_cache=False)
     ids = torch.randint(3, 100, (2, 9))
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, :3] = 0
     eager = model(input_ids=ids, attention_mask=mask, labels=ids).loss
     twin = _kernelized_copy(model, pm)
-    spy.clear()
+    sdpa_calls.clear()
     assert_close(twin(input_ids=ids, attention_mask=mask, labels=ids).loss, eager, dtype=torch.float32)
-    assert not spy  # the padding mask goes to sdpa whole
+    assert not sdpa_calls  # the padding mask goes to sdpa whole
 
 
 @pytest.mark.parametrize("family,overrides", [
@@ -220,25 +204,25 @@ def test_padded_batches_go_to_sdpa(pm, spy):
     ("mistral", {"sliding_window": 4}),
     ("gemma3_text", {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}),
 ], ids=["qwen3-layer-types", "mistral", "gemma3"])
-def test_sliding_window_families(pm, spy, family, overrides):
+def test_sliding_window_families(pm, sdpa_calls, family, overrides):
     model = _model(family, use_cache=False, **overrides)
     batch = _packed(DOCUMENTS)
     eager_loss, eager_grads = _loss_and_grads(model, batch)
     twin = _kernelized_copy(model, pm)
-    spy.clear()
+    sdpa_calls.clear()
     loss, grads = _loss_and_grads(twin, batch)
-    assert spy and set(spy) <= set(DOCUMENTS)  # documents shorter than the window need no band mask
+    assert sdpa_calls and set(sdpa_calls) <= set(DOCUMENTS)  # documents shorter than the window need no band mask
     assert_close(loss, eager_loss, dtype=torch.float32)
     for name, grad in eager_grads.items():
         assert_close(grads[name], grad, dtype=torch.float32)
 
 
-def test_bfloat16(pm, spy):
+def test_bfloat16(pm, sdpa_calls):
     model = _model(use_cache=False, dtype=torch.bfloat16)
     batch = _packed(DOCUMENTS)
     eager_loss, _ = _loss_and_grads(model, batch)
     twin = _kernelized_copy(model, pm)
-    spy.clear()
+    sdpa_calls.clear()
     loss, _ = _loss_and_grads(twin, batch)
-    assert spy[:len(DOCUMENTS)] == list(DOCUMENTS)
+    assert sdpa_calls[:len(DOCUMENTS)] == list(DOCUMENTS)
     assert_close(loss, eager_loss, dtype=torch.bfloat16)

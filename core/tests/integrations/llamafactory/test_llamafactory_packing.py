@@ -31,21 +31,6 @@ from kernels_core.testing import fresh_plugin_manager
 LAYERS = 2  # save_tiny_chat_model's decoder layers
 
 
-@pytest.fixture
-def sdpa_calls(monkeypatch):
-    """The query length of every causal SDPA call made without a mask, in call order."""
-    lengths: list[int] = []
-    original = torch.nn.functional.scaled_dot_product_attention
-
-    def counted(query, *args, **kwargs):
-        if kwargs.get("is_causal") and kwargs.get("attn_mask") is None:
-            lengths.append(query.shape[-2])
-        return original(query, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
-    return lengths
-
-
 def _sft(model_dir, dataset, kernel_config, output_dir, **extra):
     """LLaMA-Factory v1's run_sft, keeping the trainer and the row lengths the backbone got."""
     from llamafactory.v1.accelerator.interface import DistributedInterface
