@@ -39,6 +39,7 @@ from torch import nn
 
 from .._types import Decline
 from .._types import Match
+from .._types import Mode
 from ._attention import GLOBAL_NAME
 from ._attention import Registry
 from ._attention import sdpa_registry_problem
@@ -64,6 +65,11 @@ def match_packed_attention(module: nn.Module, name: str, ctx: MatchContext) -> M
     problem = sdpa_registry_problem(module)
     if problem:
         return Decline(_KIND, problem)
+    if ctx.mode is not None and Mode.TORCH_COMPILE in ctx.mode:
+        # The documents are read off the mask's values on the host, which a traced graph cannot do: every traced
+        # call would go to sdpa, so a kernel bound here would be reported but never run.
+        return Decline(_KIND, "under torch.compile the documents cannot be read off the mask (a host read of its "
+                              "values); sdpa computes packed rows with their dense mask there")
     window = getattr(module, "sliding_window", None)
     windowed = isinstance(window, int) and not isinstance(window, bool)
     evidence = ("sdpa attention: where its mask is exactly causal per document (packed rows"
