@@ -11,7 +11,8 @@ elsewhere.
 The kernel runs only where it computes what SDPA computes with that mask: the adapter reads the documents off the
 mask (a token starts a document where it cannot see the token before it) and checks that the mask is exactly causal
 per document, or exactly that within a sliding window, before calling it. Any other mask (padding, a custom mask, a
-cache that lets documents see each other, no mask at all) goes to the attention function the module had. The check
+cache that lets documents see each other, no mask at all), and a batch of one document a row (an unpacked batch: a
+sliding-window layer's band mask), goes to the attention function the module had. The check
 costs one pass over the mask and one device-to-host copy per mask, not per layer: its result is kept on the mask
 tensor itself, which every layer of one forward shares.
 
@@ -176,7 +177,9 @@ def packed_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: n
         # A family that passes its window to every layer, the mask of full-attention layers being causal.
         documents = _memoized_documents(attention_mask, window=None, batch=batch)
         window = None
-    if documents is None:
+    if documents is None or documents.cu_seqlens.shape[0] == batch + 1:
+        # No mask that fits, or one document a row: an unpacked batch (a sliding-window layer's band mask), which
+        # the function the module had computes as it always did.
         return fallback()
     scale = kwargs.get("scaling", args[1] if len(args) > 1 else None)
     if scale is None:
