@@ -7,6 +7,7 @@ checkpointing), with a stand-in timer, and one real CPU timing runs end to end.
 
 from __future__ import annotations
 
+import importlib
 import types
 from pathlib import Path
 
@@ -17,6 +18,11 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not (REPO / "benchmarks" / "cuda" / "floor.py").is_file(),
                                 reason="needs the source repository's benchmarks/")
+
+
+def _floor():
+    # By name, as test_benchmarks_layout does: benchmarks/ is the repository's own folder, no distribution.
+    return importlib.import_module("benchmarks.cuda.floor")
 
 
 def _config(**overrides):
@@ -40,7 +46,7 @@ class FlopTimer:
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_gemms_are_three_products_per_linear(checkpointing):
-    from benchmarks.cuda import floor
+    floor = _floor()
 
     config, tokens = _config(), 2 * 48
     shape = floor.shape_of(config)
@@ -54,7 +60,7 @@ def test_gemms_are_three_products_per_linear(checkpointing):
 
 
 def test_fp8_covers_the_projections_and_lm_head_only_when_asked():
-    from benchmarks.cuda import floor
+    floor = _floor()
 
     def precisions(**options):
         """(the projections' precisions, lm_head's): lm_head's products are those with a side of vocab size."""
@@ -68,7 +74,7 @@ def test_fp8_covers_the_projections_and_lm_head_only_when_asked():
 
 
 def test_windows_and_moe():
-    from benchmarks.cuda import floor
+    floor = _floor()
 
     gemma = _config(model_type="gemma3_text", layer_types=["sliding_attention", "full_attention"],
                     sliding_window=16, num_hidden_layers=2)
@@ -79,7 +85,7 @@ def test_windows_and_moe():
 
 
 def test_a_cpu_floor_runs_end_to_end():
-    from benchmarks.cuda import floor
+    floor = _floor()
 
     timer = floor.PartTimer(torch.device("cpu"), repeats=1, target_ms=1.0)
     result = floor.step_floor(_config(), batch=1, seq=32, timer=timer,

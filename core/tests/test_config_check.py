@@ -309,8 +309,9 @@ def test_unknown_kind_warns_naming_its_source_and_the_closest_kind_and_changes_n
     assert len(messages) == 2, messages
     assert messages[1].startswith(f"{path}: kinds.rmsnorm: unknown layer kind 'rmsnorm'; did you mean 'rms_norm'?; "
                                   "installed kinds: [")
-    assert messages[0].startswith(f"{path}: kinds.npu_attention: unknown layer kind 'npu_attention'; installed "
-                                  "kinds: [")
+    # The closest installed kind may be suggested (another *_attention kind), never taken.
+    assert messages[0].startswith(f"{path}: kinds.npu_attention: unknown layer kind 'npu_attention'; ")
+    assert "installed kinds: [" in messages[0]
     assert messages[0].endswith("; ignored (an error under warnings.filterwarnings('error', "
                                 "category=kernels_core.ConfigWarning))")
     assert any(e.kernel == "any.rms_norm.recompute" for e in kernels_core.get_report(model).entries)
