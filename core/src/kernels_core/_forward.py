@@ -49,6 +49,7 @@ __all__ = [
     "decorator_chain_problem",
     "rewrap",
     "takes_base",
+    "tensors_in",
 ]
 
 logger = logging.getLogger("kernels_core")  # the package's one logger
@@ -287,16 +288,16 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _tensors(value: object) -> list[Any]:
+def tensors_in(value: object) -> list[Any]:
     """The tensors in a forward's output: a tensor, or one inside tuples, lists and dicts (``ModelOutput``)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in tensors_in(item)]
     if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
+        return [t for item in value.values() for t in tensors_in(item)]
     return []
 
 
@@ -524,12 +525,12 @@ class _LazyForward(Persisted):
         except Exception as exc:
             _add_note(exc, self)
             raise
-        found = [t.dtype for t in _tensors(out) if t.is_floating_point()]
+        found = [t.dtype for t in tensors_in(out) if t.is_floating_point()]
         wrong = None
         if any(d != dtype for d in found):
             module = self.module
             own = type(module).forward(module, *args, **kwargs)
-            expected = [t.dtype for t in _tensors(own) if t.is_floating_point()]
+            expected = [t.dtype for t in tensors_in(own) if t.is_floating_point()]
             if found != expected:
                 name = str(dtype).removeprefix("torch.")
                 returns = ", ".join(dict.fromkeys(str(d).removeprefix("torch.") for d in found))

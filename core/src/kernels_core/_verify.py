@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._forward import tensors_in
 from ._kinds._context import MatchContext
 from ._kinds._context import Probe
 from ._kinds._context import ProbeRandomness
@@ -184,16 +185,6 @@ class KernelChecks:
         return built, None
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
-    return []
-
-
 def _mismatch(actual: Any, expected: Any, where: str) -> str | None:
     """How ``actual`` differs from ``expected`` in structure, shape, dtype or device, or None."""
     if isinstance(expected, torch.Tensor):
@@ -223,7 +214,7 @@ def output_problem(module: nn.Module, built: Callable[..., Any], probe: Probe, c
     ``portable``: the kernel is plain PyTorch (backend ``any``), so it also runs off the CPU. None also where the
     check does not run (see the module docstring); the reason is logged at debug level.
     """
-    on_cpu = all(t.device.type == "cpu" for t in _tensors((probe.args, probe.kwargs, probe.output)))
+    on_cpu = all(t.device.type == "cpu" for t in tensors_in((probe.args, probe.kwargs, probe.output)))
     skip = None
     if not (on_cpu or portable):
         skip = "a backend kernel off the CPU"
@@ -235,7 +226,7 @@ def output_problem(module: nn.Module, built: Callable[..., Any], probe: Probe, c
     if skip is not None:
         logger.debug("kernel output check of %s skipped: %s", type(module).__qualname__, skip)
         return None
-    device = next((t.device for t in _tensors((probe.args, probe.kwargs))), torch.device("cpu"))
+    device = next((t.device for t in tensors_in((probe.args, probe.kwargs))), torch.device("cpu"))
     try:
         # Random draws come from the probe's own generator: saving and restoring torch's process-wide one
         # (fork_rng) would rewind another thread drawing from it meanwhile.
