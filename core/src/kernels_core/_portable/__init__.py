@@ -61,6 +61,18 @@ SPECS: tuple[KernelSpec, ...] = (
         description="one causal SDPA call per document of a packed row (its is_causal kernels, no dense mask)",
     ),
     KernelSpec(
+        id="any.packed_attention.flex",
+        kind="packed_attention",
+        variants=("masked",),
+        backend="any",
+        impl="kernels_core._portable._masked_attention:masked_attention",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="under torch.compile, FlexAttention over the tiles the boolean mask shows (SDPA with the mask "
+                    "where FlexAttention has no compiled kernel)",
+    ),
+    KernelSpec(
         id="any.sliding_window_attention.banded",
         kind="sliding_window_attention",
         variants=("sdpa",),
