@@ -6,7 +6,7 @@ priorities of 100 and above, so on their hardware they win over these automatica
 
 Example:
     >>> from kernels_core._portable import SPECS
-    >>> sorted(spec.kind for spec in SPECS)  # doctest: +NORMALIZE_WHITESPACE
+    >>> sorted({spec.kind for spec in SPECS})  # doctest: +NORMALIZE_WHITESPACE
     ['causal_lm_loss', 'causal_mask', 'packed_attention', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp',
      'sliding_window_attention']
 """
