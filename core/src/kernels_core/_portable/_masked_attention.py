@@ -38,7 +38,9 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     shows no key gets zeros, as SDPA gives it.
     """
     gqa = query.shape[1] != key.shape[1]
-    if not torch.compiler.is_compiling() or query.device.type not in _FLEX_DEVICES:
+    # ROCm builds report their GPUs as "cuda": FlexAttention is not verified there.
+    flex = query.device.type in _FLEX_DEVICES and not (query.device.type == "cuda" and torch.version.hip)
+    if not torch.compiler.is_compiling() or not flex:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask[:, None], scale=scale,
                                               enable_gqa=gqa)
     from torch.nn.attention.flex_attention import create_block_mask
