@@ -162,6 +162,19 @@ def _window(sliding_window: object) -> int | None:
     return sliding_window if isinstance(sliding_window, int) and not isinstance(sliding_window, bool) else None
 
 
+def _reproduced(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the kernels compute this sdpa_attention_forward call: no dropout, no is_causal override, nothing of
+    _NOT_REPRODUCED, no attention weights asked for."""
+    dropout = kwargs.get("dropout", args[0] if args else 0.0)
+    return not (len(args) > 2 or dropout or kwargs.get("output_attentions")
+                or any(kwargs.get(name) is not None for name in _NOT_REPRODUCED))
+
+
+def _scale(args: tuple[Any, ...], kwargs: dict[str, Any], dim: int) -> float:
+    scale = kwargs.get("scaling", args[1] if len(args) > 1 else None)
+    return float(dim ** -0.5 if scale is None else scale)
+
+
 def packed_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: nn.Module, query: torch.Tensor,
                 key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, *args: Any,
                 **kwargs: Any) -> tuple[torch.Tensor, Any]:
@@ -170,9 +183,7 @@ def packed_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: n
     def fallback() -> tuple[torch.Tensor, Any]:
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
 
-    dropout = kwargs.get("dropout", args[0] if args else 0.0)
-    if (attention_mask is None or not isinstance(attention_mask, torch.Tensor) or len(args) > 2 or dropout
-            or any(kwargs.get(name) is not None for name in _NOT_REPRODUCED) or kwargs.get("output_attentions")
+    if (attention_mask is None or not isinstance(attention_mask, torch.Tensor) or not _reproduced(args, kwargs)
             or torch.compiler.is_compiling()):
         return fallback()
     batch, heads, length, dim = query.shape
@@ -188,14 +199,12 @@ def packed_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: n
         # No mask that fits, or one document a row: an unpacked batch (a sliding-window layer's band mask), which
         # the function the module had computes as it always did.
         return fallback()
-    scale = kwargs.get("scaling", args[1] if len(args) > 1 else None)
-    if scale is None:
-        scale = dim ** -0.5
     # [B, H, S, D] -> [B * S, H, D]: the documents of every row end to end.
     out = impl(query.transpose(1, 2).reshape(batch * length, heads, dim),
                key.transpose(1, 2).reshape(batch * length, key.shape[1], dim),
                value.transpose(1, 2).reshape(batch * length, value.shape[1], dim),
-               cu_seqlens=documents.cu_seqlens, max_seqlen=documents.max_seqlen, scale=float(scale), window=window)
+               cu_seqlens=documents.cu_seqlens, max_seqlen=documents.max_seqlen, scale=_scale(args, kwargs, dim),
+               window=window)
     # sdpa_attention_forward returns [batch, queries, heads, head_dim].
     return out.view(batch, length, heads, dim), None
 
@@ -209,16 +218,13 @@ def masked_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: n
     Only static facts decide (a trace may not branch on data): a boolean ``[B or 1, 1, S, S]`` mask, as many keys
     as queries, nothing sdpa_attention_forward reads that the kernel does not reproduce.
     """
-    dropout = kwargs.get("dropout", args[0] if args else 0.0)
     batch, heads, length, dim = query.shape
     if (not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool
             or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
             or attention_mask.shape[0] not in (1, batch) or attention_mask.shape[-2:] != (length, length)
-            or key.shape[-2] != length or len(args) > 2 or dropout or heads % key.shape[1]
-            or any(kwargs.get(name) is not None for name in _NOT_REPRODUCED) or kwargs.get("output_attentions")):
+            or key.shape[-2] != length or heads % key.shape[1] or not _reproduced(args, kwargs)):
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
-    scale = kwargs.get("scaling", args[1] if len(args) > 1 else None)
-    out = impl(query, key, value, mask=attention_mask[:, 0], scale=float(dim ** -0.5 if scale is None else scale))
+    out = impl(query, key, value, mask=attention_mask[:, 0], scale=_scale(args, kwargs, dim))
     # sdpa_attention_forward returns [batch, queries, heads, head_dim].
     return out.transpose(1, 2).contiguous(), None
 
