@@ -18,7 +18,7 @@ from torch import nn
 from .._types import ConformanceCase
 
 
-__all__ = ["CORE_CASES", "FAMILIES", "tiny_causal_lm"]
+__all__ = ["CORE_CASES", "FAMILIES", "tiny_causal_lm", "tiny_family_causal_lm"]
 
 # Tiny configurations of the families the core is tested on; sizes are odd where the architecture allows.
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -50,6 +50,60 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch
     settings.update(FAMILIES.get(model_type, {}))
     settings.update(overrides)
     config = AutoConfig.for_model(model_type, **settings)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
+
+# Sizes every architecture's defaults are shrunk to (where the configuration has the setting): the defaults are those
+# of a released checkpoint (billions of parameters); MoE keeps a routed layer (first_k_dense_replace 1) with 4 experts.
+_TINY: dict[str, int] = {
+    "hidden_size": 64, "d_model": 64, "n_embd": 64, "intermediate_size": 96, "ffn_dim": 96, "decoder_ffn_dim": 96,
+    "num_hidden_layers": 2, "n_layer": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2,
+    "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "decoder_sparse_step": 1,
+    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+    "qk_head_dim": 32, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "index_head_dim": 32,
+    "index_n_heads": 2, "n_shared_experts": 1,
+}
+
+
+def tiny_family_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                          **overrides: Any) -> torch.nn.Module:
+    """Any transformers causal-LM ``model_type``, built from its configuration's own defaults shrunk to two layers of
+    width 64 (the settings of ``_TINY`` it has, then ``overrides``), randomly initialised, no download.
+
+    Unlike :func:`tiny_causal_lm`, which tunes a few families by hand, this serves a sweep over every model type
+    transformers ships; what a family's defaults leave large (a sliding window, a vocabulary of its own) stays.
+
+    Example:
+        >>> model = tiny_family_causal_lm("qwen3")  # doctest: +SKIP
+        >>> model.config.hidden_size, model.config.num_hidden_layers  # doctest: +SKIP
+        (64, 2)
+    """
+    from transformers import AutoConfig
+    from transformers import AutoModelForCausalLM
+
+    defaults = AutoConfig.for_model(model_type)
+    text = defaults.get_text_config()
+    settings = {k: v for k, v in _TINY.items() if isinstance(getattr(text, k, None), int)}
+    layer_types = getattr(text, "layer_types", None)
+    if isinstance(layer_types, (list, tuple)) and len(layer_types) > settings.get("num_hidden_layers", 2):
+        settings["layer_types"] = list(layer_types[: settings.get("num_hidden_layers", 2)])
+    if "kv_lora_rank" in settings:  # multi-head latent attention: every head has its own keys
+        settings["num_key_value_heads"] = settings.get("num_attention_heads", 4)
+    for token, value in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):
+        if getattr(text, token, None) is not None:
+            settings[token] = value
+    settings.update(overrides)
+    if text is defaults:
+        config = AutoConfig.for_model(model_type, **settings)
+    else:
+        config = defaults
+        for key, value in settings.items():
+            setattr(text, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.config.use_cache = False

@@ -135,9 +135,22 @@ def causal_lm_loss(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     softcap: float | None = None,
+    logit_scale: float | None = None,
 ) -> torch.Tensor:
-    """Cross-entropy over already-shifted labels, exactly as transformers' ``fixed_cross_entropy``."""
+    """Cross-entropy over already-shifted labels, exactly as transformers' ``fixed_cross_entropy``.
+
+    ``logit_scale`` multiplies the logits (in float32, before any soft-capping): Granite divides them by
+    ``logits_scaling``, Command-R multiplies them by ``logit_scale``.
+
+    Example:
+        >>> h, w, labels = torch.randn(4, 8), torch.randn(16, 8), torch.tensor([1, 2, -100, 3])
+        >>> halved = causal_lm_loss(h, w, labels, logit_scale=0.5)
+        >>> bool(torch.allclose(halved, causal_lm_loss(h * 0.5, w, labels)))
+        True
+    """
     logits = F.linear(hidden_states, weight, bias).float()
+    if logit_scale is not None:
+        logits = logits * logit_scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     reduction = "sum" if num_items_in_batch is not None else "mean"
