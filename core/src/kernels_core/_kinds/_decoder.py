@@ -6,14 +6,21 @@ transformers' Llama-style decoder layer (Llama, Mistral, Qwen2/3, Gemma, Mixtral
     h = residual + h; residual = h; h = post_attention_layernorm(h)     <- residual_rms_norm: one kernel
     h = mlp(h); h = residual + h
 
-The matcher accepts a layer only if its class forward uses exactly those four sub-modules and hands every argument
-on (checked in its code), and a probe of the layer's own forward, with real attention inputs, equals the adapter
-running the reference math, in eval and in training behaviour. Post-norm and sandwich layouts (OLMo-2, Gemma 2/3,
-GLM-4), parallel attention and MLP (Cohere, Phi), residual multipliers (Granite) and residual dropout (Phi-3) use
-other sub-modules or attributes and are declined with the reason.
+Two more layouts compute the same add + norm:
+
+- residual multipliers (Granite, MiniCPM): ``h = residual + h * m`` after attention and after the MLP, ``m`` a
+  number the layer holds; the kernel gets ``h * m`` (computed as the layer does) as its input;
+- sandwich norms (Gemma 2/3): ``h = residual + post_attention_layernorm(attn)``, then ``pre_feedforward_layernorm``
+  (the norm the kernel fuses), the MLP, ``post_feedforward_layernorm``, the residual add.
+
+The matcher accepts a layer only if its class forward uses exactly the sub-modules (and multiplier) of one layout
+and hands every argument on (checked in its code), and a probe of the layer's own forward, with real attention
+inputs, equals the adapter running the reference math, in eval and in training behaviour. Post-norm layouts
+(OLMo-2, EXAONE-4: no norm follows the residual add), GLM-4's four norms, parallel attention and MLP (Cohere, Phi)
+and residual dropout (Phi-3) are declined with the reason.
 
 The adapter keeps the layer's own ``input_layernorm``, ``self_attn`` and ``mlp`` (their kernels still apply) and
-hands only the residual add and ``post_attention_layernorm`` to the kernel; the match declares that norm bypassed,
+hands only the residual add and the norm after it to the kernel; the match declares that norm bypassed,
 so while the fused kernel is bound the norm gets no kernel of its own and the report shows it covered.
 transformers 5 wraps the class forward in decorators (gradient checkpointing, renamed keywords); the adapter
 re-creates them around the fused forward, so gradient checkpointing and old keyword names keep working.
@@ -21,6 +28,7 @@ re-creates them around the fused forward, so gradient checkpointing and old keyw
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import functools
 import inspect
@@ -63,6 +71,49 @@ KIND = "residual_rms_norm"
 
 # The attribute names the pre-norm template's forward uses, and nothing else (bytecode ``co_names``).
 _TEMPLATE = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"})
+# Gemma 2/3: a norm on each branch's output before its residual add, and the fused one before the MLP.
+_SANDWICH = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp",
+                       "post_feedforward_layernorm"})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the fused residual add + norm sits in a decoder layer.
+
+    ``fused`` is the norm after the attention's residual add (the kernel's weight); ``attention_norm`` and
+    ``mlp_norm`` are norms on the attention's and the MLP's output before their residual adds (sandwich); a
+    ``multiplier`` attribute scales both branches before their residual adds (Granite).
+    """
+
+    fused: str = "post_attention_layernorm"
+    attention_norm: str | None = None
+    mlp_norm: str | None = None
+    multiplier: str | None = None
+
+    def names(self) -> frozenset[str]:
+        extra = {n for n in (self.attention_norm, self.mlp_norm, self.multiplier) if n}
+        return frozenset({"input_layernorm", "self_attn", "mlp", self.fused, *extra})
+
+
+_STANDARD = Layout()
+_SANDWICH_LAYOUT = Layout(fused="pre_feedforward_layernorm", attention_norm="post_attention_layernorm",
+                          mlp_norm="post_feedforward_layernorm")
+
+
+def _layout(module: nn.Module) -> Layout | None:
+    """The layout whose names the layer's class forward uses exactly, if any (the probe then checks the math)."""
+    names = frozenset(plain_class_forward(module).__code__.co_names)
+    if names == _TEMPLATE:
+        return _STANDARD
+    if names == _SANDWICH:
+        return _SANDWICH_LAYOUT
+    extra = names - _TEMPLATE
+    if len(extra) == 1 and _TEMPLATE <= names:
+        (name,) = extra
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return Layout(multiplier=name)
+    return None
 
 # What a family using more or fewer names does instead, for the report.
 _EXPLAINED = {
@@ -70,7 +121,6 @@ _EXPLAINED = {
     "post_feedforward_layernorm": "a norm after the MLP (post-norm, OLMo-2 / Gemma 2 style)",
     "post_self_attn_layernorm": "a norm after attention (GLM-4 style)",
     "post_mlp_layernorm": "a norm after the MLP (GLM-4 style)",
-    "residual_multiplier": "a residual multiplier (Granite style)",
     "resid_attn_dropout": "dropout on the residual branch",
     "resid_mlp_dropout": "dropout on the residual branch",
     "resid_dropout": "dropout on the residual branch",
@@ -118,29 +168,31 @@ def _arguments(forward: Callable[..., Any]) -> _Arguments | str:
 
 
 def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, offset: float,
-                   casting: str) -> Callable[..., Any]:
-    """The layer's forward with the residual add and ``post_attention_layernorm`` done by ``impl``."""
+                   casting: str, layout: Layout = _STANDARD) -> Callable[..., Any]:
+    """The layer's forward with the residual add after attention and the norm after it done by ``impl``."""
     arguments = _arguments(plain_class_forward(module))
     if isinstance(arguments, str):
         raise TypeError(f"{type(module).__name__}: {arguments}")
     names, defaults = arguments.positional, dict(arguments.defaults)
-    # The kernel reads post_attention_layernorm's weight without calling it. A module put in the norm's place after
+    fused, attention_norm, mlp_norm = layout.fused, layout.attention_norm, layout.mlp_norm
+    multiplier = layout.multiplier
+    # The kernel reads the fused norm's weight without calling it. A module put in the norm's place after
     # kernelize (an unknown wrapper, fully_shard of the norm alone) would be bypassed: then the layer runs its own
     # forward, checked at every call (a type test). PEFT's modules_to_save runs a trainable copy of the norm, whose
     # weight the kernel then reads. Hooks are judged at kernelize time only: DeepSpeed ZeRO-3 hooks every module.
-    norm_type = type(module.post_attention_layernorm)
+    norm_type = type(module._modules[fused])
     plain = plain_class_forward(module)
     warned: list[str] = []  # for this binding
 
     def forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        norm = self.post_attention_layernorm
+        norm = self._modules[fused]
         if type(norm) is not norm_type:
             norm = wrapped_module(norm) or norm
         if type(norm) is not norm_type:
             if not warned:
                 warned.append(type(norm).__name__)
                 warnings.warn(f"kernels-core: the fused residual add + RMSNorm of {type(self).__name__} falls back "
-                              f"to the layer's own forward: its post_attention_layernorm is now "
+                              f"to the layer's own forward: its {fused} is now "
                               f"{type(norm).__name__} (replaced after kernelize), and the kernel would read its "
                               "weight without calling it", KernelFallbackWarning, stacklevel=2)
             return plain(self, hidden_states, *args, **kwargs)
@@ -152,6 +204,11 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
+        if attention_norm is not None:
+            hidden_states = self._modules[attention_norm](hidden_states)
+        if multiplier is not None:
+            # As the layer computes it (residual + h * m): the product rounded in the activations' dtype, then added.
+            hidden_states = hidden_states * getattr(self, multiplier)
         # The kernel reads the norm's weight without calling the norm. Under DeepSpeed ZeRO-3 it runs between the
         # norm's own hooks, which gather the weight; where only calling the norm would gather it (hooks of another
         # origin too, or none), the norm module is called as the template does.
@@ -167,11 +224,15 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
             inputs: tuple[Any, ...] = (hidden_states,)
             if how == HOOKS:
                 inputs = enter_forward(norm, inputs)
-                require_whole(weight, "post_attention_layernorm.weight")
+                require_whole(weight, f"{fused}.weight")
             hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
             if how == HOOKS:
                 hidden_states = exit_forward(norm, inputs, hidden_states)
         hidden_states = self.mlp(hidden_states)
+        if mlp_norm is not None:
+            hidden_states = self._modules[mlp_norm](hidden_states)
+        if multiplier is not None:
+            hidden_states = hidden_states * getattr(self, multiplier)
         return residual + hidden_states
 
     # Decorators around the class forward (transformers 5 checkpoints activations inside one, and renames
@@ -183,7 +244,12 @@ def adapt_residual_rms_norm(module: nn.Module, match: Match, impl: Callable[...,
                             options: dict) -> Callable[..., Any]:
     """The decoder layer's forward, calling ``impl(x, residual, weight, *, eps, offset, casting)`` for add + norm."""
     return _fused_forward(module, impl, eps=match.params["eps"], offset=match.params["offset"],
-                          casting=match.params["casting"])
+                          casting=match.params["casting"], layout=_layout_of(match))
+
+
+def _layout_of(match: Match) -> Layout:
+    layout = match.params.get("layout")
+    return Layout(**dict(layout)) if layout else _STANDARD
 
 
 def match_residual_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
@@ -200,7 +266,8 @@ def match_residual_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> 
 def _structure_problem(module: nn.Module) -> str | None:
     forward = plain_class_forward(module)
     names = frozenset(forward.__code__.co_names)
-    if names != _TEMPLATE:
+    layout = _layout(module)
+    if layout is None:
         extra, missing = sorted(names - _TEMPLATE), sorted(_TEMPLATE - names)
         why = sorted({_EXPLAINED[n] for n in extra if n in _EXPLAINED})
         parts = [f"also uses {extra}"] if extra else []
@@ -209,9 +276,13 @@ def _structure_problem(module: nn.Module) -> str | None:
         if "post_attention_layernorm" in missing and "mlp" not in missing:
             why.append("no norm between the residual add and the MLP (parallel attention and MLP?)")
         because = f" ({'; '.join(why)})" if why else ""
-        return (f"forward is not the pre-norm template (input_layernorm, self_attn, residual add, "
-                f"post_attention_layernorm, mlp, residual add): it {' and '.join(parts)}{because}")
-    for child in _TEMPLATE:
+        if "post_feedforward_layernorm" in extra and "pre_feedforward_layernorm" not in names:
+            why.append("no norm follows the attention's residual add (post-norm), so there is no add + norm to fuse")
+            because = f" ({'; '.join(why)})"
+        return (f"forward is not the pre-norm template (input_layernorm, self_attn, residual add [x a residual "
+                f"multiplier], post_attention_layernorm, mlp, residual add) nor Gemma's sandwich of norms: it "
+                f"{' and '.join(parts)}{because}")
+    for child in layout.names() - {layout.multiplier}:
         if not isinstance(module._modules.get(child), nn.Module):
             return f"{child} is not a sub-module"
     wrapped = decorator_chain_problem(type(module).forward)
@@ -227,19 +298,19 @@ def _offloads(hook: object) -> bool:
     return any(bool(getattr(h, "offload", False)) for h in hooks)
 
 
-def _norm_problem(norm: nn.Module) -> str | None:
+def _norm_problem(norm: nn.Module, name: str = "post_attention_layernorm") -> str | None:
     """Why reading the norm's weight without calling the norm module could see something else than its forward."""
     if (norm._forward_hooks or norm._forward_pre_hooks) and hooks_problem(norm) is not None:
         # DeepSpeed ZeRO-3's parameter hooks are not bypassed: the adapter runs them around the kernel.
-        return ("post_attention_layernorm has forward hooks (adapters, activation capture?); the fused kernel reads "
+        return (f"{name} has forward hooks (adapters, activation capture?); the fused kernel reads "
                 "its weight without calling it and would bypass them")
     # accelerate's device-placement hooks only move inputs, which the layer's own hook has done already; an
     # offloading one loads the weight at call time, which the fused kernel would never trigger.
     if "_hf_hook" in norm.__dict__ and _offloads(norm.__dict__["_hf_hook"]):
-        return "post_attention_layernorm's weight is offloaded (loaded by its accelerate hook only when called)"
+        return f"{name}'s weight is offloaded (loaded by its accelerate hook only when called)"
     fsdp_module = fsdp_module_type()
     if fsdp_module is not None and isinstance(norm, fsdp_module):
-        return "post_attention_layernorm is its own FSDP unit; its weight is gathered only when it is called"
+        return f"{name} is its own FSDP unit; its weight is gathered only when it is called"
     return None
 
 
@@ -247,15 +318,17 @@ def _classify(module: nn.Module, name: str, ctx: MatchContext) -> Match | Declin
     problem = _structure_problem(module)
     if problem:
         return Decline(KIND, problem, unrecognized=True)
-    norm = module.post_attention_layernorm
-    problem = _norm_problem(norm)
+    layout = _layout(module) or _STANDARD
+    fused = layout.fused
+    norm = module._modules[fused]
+    problem = _norm_problem(norm, fused)
     if problem:
         return Decline(KIND, problem)
-    norm_verdict = match_rms_norm(norm, f"{name}.post_attention_layernorm", ctx)
+    norm_verdict = match_rms_norm(norm, f"{name}.{fused}", ctx)
     if norm_verdict is None:
-        return Decline(KIND, f"post_attention_layernorm is {type(norm).__name__}, not an RMSNorm")
+        return Decline(KIND, f"{fused} is {type(norm).__name__}, not an RMSNorm")
     if isinstance(norm_verdict, Decline):
-        return Decline(KIND, f"post_attention_layernorm: {norm_verdict.reason}")
+        return Decline(KIND, f"{fused}: {norm_verdict.reason}")
     params = {key: norm_verdict.params[key] for key in ("eps", "offset", "casting")}
     weight = norm.weight
     dtype = param_dtype(module) or weight.dtype
@@ -265,7 +338,7 @@ def _classify(module: nn.Module, name: str, ctx: MatchContext) -> Match | Declin
     key = _probe_key(module)
     if key not in ctx.memo:
         ctx.memo[key] = _probe(module, ctx.original_forward(module), ctx, norm_verdict.variant, params, weight.device,
-                               dtype, weight.numel())
+                               dtype, weight.numel(), layout)
     return ctx.memo[key]
 
 
@@ -314,11 +387,11 @@ def _probe_kwargs(module: nn.Module, ctx: MatchContext, x: torch.Tensor, gen: to
 
 
 def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, variant: str, params: dict[str, Any],
-           device: torch.device, dtype: torch.dtype, hidden: int) -> Match | Decline:
+           device: torch.device, dtype: torch.dtype, hidden: int, layout: Layout = _STANDARD) -> Match | Decline:
     gen = ctx.generator(device)
     x = ctx.randn(2, _PROBE_TOKENS, hidden, device=device, dtype=dtype, gen=gen)
     kwargs = _probe_kwargs(module, ctx, x, gen)
-    template = _fused_forward(module, _reference.residual_rms_norm, **params)
+    template = _fused_forward(module, _reference.residual_rms_norm, **params, layout=layout)
 
     # run_probe draws each run's randomness from a generator of its own, seeded alike, so the layer's forward and
     # the template see the same dropout masks (attention dropout is the layer's math) without seeding torch's
@@ -347,9 +420,14 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
         return Decline(KIND, f"probe output differs from the pre-norm template with a fused residual add + "
                              f"RMSNorm in eval or training behaviour (rel. error {err:.1e}); math differs")
     casting = params["casting"]
-    evidence = (f"forward is the pre-norm decoder template and a probe of the layer matches it with the fused "
-                f"{variant}/{casting} residual add + RMSNorm")
-    if is_partitioned(module.post_attention_layernorm.weight):
-        evidence += ("; post_attention_layernorm's weight is DeepSpeed ZeRO-3 partitioned: the kernel runs between "
+    shape = ("the pre-norm decoder template" if layout == _STANDARD else
+             f"the pre-norm decoder template with residual multiplier {layout.multiplier}" if layout.multiplier else
+             "Gemma's sandwich of norms")
+    evidence = (f"forward is {shape} and a probe of the layer matches it with the fused {variant}/{casting} "
+                f"residual add + RMSNorm ({layout.fused})")
+    if is_partitioned(module._modules[layout.fused].weight):
+        evidence += (f"; {layout.fused}'s weight is DeepSpeed ZeRO-3 partitioned: the kernel runs between "
                      "the norm's own DeepSpeed hooks, which gather it for the forward and the backward")
-    return Match(KIND, variant, params, evidence=evidence, bypasses=("post_attention_layernorm",))
+    if layout != _STANDARD:
+        params = {**params, "layout": tuple(sorted(dataclasses.asdict(layout).items()))}
+    return Match(KIND, variant, params, evidence=evidence, bypasses=(layout.fused,))
