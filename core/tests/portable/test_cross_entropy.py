@@ -44,8 +44,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {TOLERANCE[dtype]:.3g}"
 
 
-def reference(hidden, weight, labels, *, bias=None, num_items_in_batch=None, softcap=None):
+def reference(hidden, weight, labels, *, bias=None, num_items_in_batch=None, softcap=None, logit_scale=None):
     logits = F.linear(hidden, weight, bias)
+    if logit_scale is not None:  # in float32, as the convention says (eager Granite scales in the model dtype)
+        logits = logits.float() * logit_scale
     if softcap is not None:
         logits = torch.tanh(logits.float() / softcap) * softcap
     return ForCausalLMLoss(logits, labels, weight.shape[0], num_items_in_batch=num_items_in_batch)
@@ -61,6 +63,7 @@ def run_both(
     chunk_size=16,
     num_items=None,
     softcap=None,
+    logit_scale=None,
     with_bias=False,
     seed=0,
 ):
@@ -71,7 +74,8 @@ def run_both(
     labels = make_labels(batch, seq, vocab, generator=generator)
     leaves = [t for t in (hidden, weight, bias) if t is not None]
 
-    expected = reference(hidden, weight, labels, bias=bias, num_items_in_batch=num_items, softcap=softcap)
+    expected = reference(hidden, weight, labels, bias=bias, num_items_in_batch=num_items, softcap=softcap,
+                         logit_scale=logit_scale)
     expected_grads = torch.autograd.grad(expected, leaves)
     actual = fused_linear_cross_entropy(
         hidden.reshape(-1, hidden_size),
@@ -81,6 +85,7 @@ def run_both(
         ignore_index=IGNORE,
         num_items_in_batch=num_items,
         softcap=softcap,
+        logit_scale=logit_scale,
         chunk_size=chunk_size,
     )
     actual_grads = torch.autograd.grad(actual, leaves)
@@ -117,6 +122,19 @@ def test_softcap(dtype):
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
     for a, e in zip(actual_grads, expected_grads, strict=True):
         assert_close(a, e, dtype, "softcap")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("logit_scale", "softcap"), [(0.125, None), (0.3, None), (4.0, 3.0)])
+def test_logit_scale(dtype, logit_scale, softcap):
+    # Granite's divisor and Command-R's multiplier: the float32 logits scaled before any soft-cap, with a bias.
+    expected, actual, expected_grads, actual_grads = run_both(dtype, logit_scale=logit_scale, softcap=softcap,
+                                                              with_bias=True, num_items=50)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    unscaled = run_both(dtype, softcap=softcap, with_bias=True, num_items=50)[1]
+    assert not torch.allclose(actual, unscaled), "the scale must change the loss"
+    for name, a, e in zip(("hidden", "weight", "bias"), actual_grads, expected_grads, strict=True):
+        assert_close(a, e, dtype, f"scaled grad {name}")
 
 
 def test_bias():
