@@ -1,0 +1,69 @@
+"""Every causal-LM family transformers ships that has an RMSNorm and a rotary embedding, kernelized on the CPU.
+
+Each family is built from its configuration's own defaults, shrunk to two layers of width 64
+(``tiny_family_causal_lm``), and kernelized for training with the reference plugin, whose kernels compute each
+kind's reference math: the loss and every gradient must then equal eager's to float32 rounding, so a matcher that
+bound a module whose math differs (a scale it dropped, a norm it skipped) fails here. A kind left alone must say
+why. ``plugins-cuda/tests/test_family_coverage.py`` resolves the same families for a simulated H200.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import kernels_core
+import pytest
+import torch
+from kernels_core import Mode
+from kernels_core.testing import assert_close
+from kernels_core.testing import tiny_family_causal_lm
+
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
+
+
+KINDS = ("causal_lm_loss", "residual_rms_norm", "rotary_embedding", "silu_gated_mlp", "rms_norm")
+
+
+def _modern(model) -> bool:
+    modules = list(model.modules())
+    return (any("RMSNorm" in type(m).__name__ for m in modules)
+            and any(name.endswith("inv_freq") for m in modules for name in m._buffers))
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(3)  # the same dropout masks in both runs, where a family trains with dropout
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_family_loss_and_gradients_equal_eager(family, ref_pm, calls):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            model = tiny_family_causal_lm(family)
+        except Exception as exc:  # noqa: BLE001 - depends on the installed transformers
+            pytest.skip(f"{family} cannot be built from a tiny config with this transformers: {exc}")
+    if not _modern(model):
+        pytest.skip(f"{family} has no RMSNorm and rotary embedding (not a modern decoder)")
+    torch.manual_seed(1)
+    ids = torch.randint(3, model.config.get_text_config().vocab_size, (2, 9))
+    model.train()
+    eager_loss, eager_grads = _loss_and_grads(model, ids)
+    kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    entries = [e for e in kernels_core.get_report(model).entries if e.kind in KINDS]
+    for entry in entries:
+        assert entry.kernel or entry.reason, f"{family} {entry.module}: {entry.kind} left alone without a reason"
+    calls.clear()
+    loss, grads = _loss_and_grads(model, ids)
+    assert_close(loss, eager_loss, dtype=torch.float32, what=f"{family} loss")
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in grads.items():
+        # Gradients pass through every layer backwards; twice the single-op bound (as test_families).
+        assert_close(grad, eager_grads[name], dtype=torch.float32, factor=2.0, what=f"{family} grad {name}")
+    bound = {e.kind for e in entries if e.kernel and not e.left_to_compiler}
+    assert bound <= set(calls), f"{family}: bound but never called: {bound - set(calls)}"
