@@ -33,12 +33,7 @@ _TITLES = {"causal_lm_loss": "fused loss", "residual_rms_norm": "residual add + 
 
 
 def simulated_h200_manager() -> Any:
-    """A plugin manager with kernels-cuda and a detection plugin reporting one H200 (capability 9.0).
-
-    Example:
-        >>> simulated_h200_manager() is not None  # doctest: +SKIP
-        True
-    """
+    """A plugin manager with kernels-cuda and a detection plugin reporting one H200 (capability 9.0)."""
     from importlib.metadata import entry_points
 
     from kernels_core import BackendInfo
@@ -120,7 +115,14 @@ def _cell(row: dict[str, Any], kind: str) -> str:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    """The markdown page: counts per kind over the modern decoders, then one row per family."""
+    """The markdown page: counts per kind over the modern decoders, then one row per family.
+
+    Example:
+        >>> rotary = {"kernel": "cuda.rotary_embedding.triton", "variant": "full", "reason": None}
+        >>> page = render([{"family": "qwen3", "modern": True, "rotary_embedding": rotary}])
+        >>> "| qwen3 | - | - | `cuda.rotary_embedding.triton` (full) | - |" in page
+        True
+    """
     modern = [r for r in rows if r.get("modern")]
     counts = ", ".join(f"{_TITLES[k]} {sum(1 for r in modern if (r.get(k) or {}).get('kernel'))}" for k in KINDS)
     lines = [
