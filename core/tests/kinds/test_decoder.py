@@ -28,7 +28,9 @@ LAYER = re.compile(r"model\.layers\.\d+")
 PRE_NORM = {"llama": "standard", "mistral": "standard", "qwen2": "standard", "qwen3": "standard",
             "qwen3_moe": "standard", "mixtral": "standard", "gemma": "offset",
             # Gemma 2/3's sandwich norms (the add fused with pre_feedforward_layernorm), Granite's multiplier.
-            "gemma2": "offset", "gemma3_text": "offset", "granite": "standard"}
+            "gemma2": "offset", "gemma3_text": "offset", "granite": "standard",
+            # GLM-4's sandwich: the add fused with post_attention_layernorm, between post_self_attn / post_mlp norms.
+            "glm4": "standard"}
 # Settings that make a multiplier or norm visible in the numbers (a default of 1.0 would hide a missing one).
 OVERRIDES = {"granite": {"residual_multiplier": 0.22, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
                          "logits_scaling": 8.0}}
@@ -37,7 +39,6 @@ OVERRIDES = {"granite": {"residual_multiplier": 0.22, "embedding_multiplier": 12
 DECLINED = {
     "olmo2": "does not use ['input_layernorm']",
     "exaone4": "post-norm",
-    "glm4": "post_self_attn_layernorm",
     "cohere": "parallel attention and MLP",
     "phi": "dropout on the residual branch",
     "phi3": "dropout on the residual branch",
@@ -92,7 +93,7 @@ def test_other_layer_layouts_are_left_alone_with_the_reason(family, ref_pm, call
 @pytest.mark.parametrize("plugin", ["reference", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma", "qwen3_moe", "gemma2", "gemma3_text",
-                                    "granite"])
+                                    "granite", "glm4"])
 def test_fused_layers_match_eager_forward_and_backward(family, dtype, plugin, ref_pm, pm, calls):
     model = _model(family, dtype=dtype, **OVERRIDES.get(family, {}))
     ids = torch.randint(3, 100, (2, 11))

@@ -287,7 +287,11 @@ def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
                     "reduction, or an extra term)")
         if aux is not None:
             balance = plain.__globals__["load_balancing_loss_func"]
-            term = balance(router, module.num_experts, module.num_experts_per_tok, mask)
+            try:
+                term = balance(router, module.num_experts, module.num_experts_per_tok, mask)
+            except Exception as exc:  # noqa: BLE001 - a family's own routing (Doge's product keys)
+                return (f"its load_balancing_loss_func takes router logits of another form than [tokens, experts] "
+                        f"({type(exc).__name__}: {exc}); the fused path could not reproduce the auxiliary loss")
             routed_loss = getattr(routed, "loss", None)
             want = expected + getattr(module, aux) * term.to(expected.device)
             if not (isinstance(routed_loss, torch.Tensor) and _same(routed_loss, want, torch.float32)):

@@ -72,8 +72,6 @@ KIND = "residual_rms_norm"
 # The attribute names the pre-norm template's forward uses, and nothing else (bytecode ``co_names``).
 _TEMPLATE = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"})
 # Gemma 2/3: a norm on each branch's output before its residual add, and the fused one before the MLP.
-_SANDWICH = frozenset({"input_layernorm", "self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp",
-                       "post_feedforward_layernorm"})
 
 
 @dataclass(frozen=True)
@@ -89,30 +87,38 @@ class Layout:
     attention_norm: str | None = None
     mlp_norm: str | None = None
     multiplier: str | None = None
+    mlp: str = "mlp"
 
     def names(self) -> frozenset[str]:
         extra = {n for n in (self.attention_norm, self.mlp_norm, self.multiplier) if n}
-        return frozenset({"input_layernorm", "self_attn", "mlp", self.fused, *extra})
+        return frozenset({"input_layernorm", "self_attn", self.mlp, self.fused, *extra})
 
 
 _STANDARD = Layout()
-_SANDWICH_LAYOUT = Layout(fused="pre_feedforward_layernorm", attention_norm="post_attention_layernorm",
-                          mlp_norm="post_feedforward_layernorm")
+# (fused, attention_norm, mlp_norm) of the sandwich layouts: Gemma 2/3, GLM-4, AFMoE.
+_SANDWICHES = (("pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
+               ("post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
+               ("pre_mlp_layernorm", "post_attention_layernorm", "post_mlp_layernorm"))
+# What families call the feed-forward block (an MoE one included): Llama, Granite-MoE / Mixtral of old, Llama 4.
+_MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")
+_LAYOUTS = tuple(Layout(mlp=m) for m in _MLP_NAMES) + tuple(
+    Layout(fused=f, attention_norm=a, mlp_norm=n, mlp=m) for f, a, n in _SANDWICHES for m in _MLP_NAMES)
 
 
 def _layout(module: nn.Module) -> Layout | None:
-    """The layout whose names the layer's class forward uses exactly, if any (the probe then checks the math)."""
+    """The layout whose names the layer's class forward uses exactly, if any, a numeric attribute of the layer
+    (a residual multiplier) allowed besides (the probe then checks the math)."""
     names = frozenset(plain_class_forward(module).__code__.co_names)
-    if names == _TEMPLATE:
-        return _STANDARD
-    if names == _SANDWICH:
-        return _SANDWICH_LAYOUT
-    extra = names - _TEMPLATE
-    if len(extra) == 1 and _TEMPLATE <= names:
-        (name,) = extra
-        value = getattr(module, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return Layout(multiplier=name)
+    for layout in _LAYOUTS:
+        base = layout.names()
+        if names == base:
+            return layout
+        extra = names - base
+        if len(extra) == 1 and base <= names:
+            (name,) = extra
+            value = getattr(module, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return dataclasses.replace(layout, multiplier=name)
     return None
 
 # What a family using more or fewer names does instead, for the report.
@@ -174,7 +180,7 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
     if isinstance(arguments, str):
         raise TypeError(f"{type(module).__name__}: {arguments}")
     names, defaults = arguments.positional, dict(arguments.defaults)
-    fused, attention_norm, mlp_norm = layout.fused, layout.attention_norm, layout.mlp_norm
+    fused, attention_norm, mlp_norm, mlp = layout.fused, layout.attention_norm, layout.mlp_norm, layout.mlp
     multiplier = layout.multiplier
     # The kernel reads the fused norm's weight without calling it. A module put in the norm's place after
     # kernelize (an unknown wrapper, fully_shard of the norm alone) would be bypassed: then the layer runs its own
@@ -228,7 +234,7 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
             hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
             if how == HOOKS:
                 hidden_states = exit_forward(norm, inputs, hidden_states)
-        hidden_states = self.mlp(hidden_states)
+        hidden_states = self._modules[mlp](hidden_states)
         if mlp_norm is not None:
             hidden_states = self._modules[mlp_norm](hidden_states)
         if multiplier is not None:
@@ -420,9 +426,9 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
         return Decline(KIND, f"probe output differs from the pre-norm template with a fused residual add + "
                              f"RMSNorm in eval or training behaviour (rel. error {err:.1e}); math differs")
     casting = params["casting"]
-    shape = ("the pre-norm decoder template" if layout == _STANDARD else
-             f"the pre-norm decoder template with residual multiplier {layout.multiplier}" if layout.multiplier else
-             "Gemma's sandwich of norms")
+    shape = ("a sandwich of norms" if layout.attention_norm else "the pre-norm decoder template") + (
+        f" with residual multiplier {layout.multiplier}" if layout.multiplier else "") + (
+        f" ({layout.mlp} as the MLP)" if layout.mlp != "mlp" else "")
     evidence = (f"forward is {shape} and a probe of the layer matches it with the fused {variant}/{casting} "
                 f"residual add + RMSNorm ({layout.fused})")
     if is_partitioned(module._modules[layout.fused].weight):
