@@ -81,43 +81,51 @@ def write_json(path: pathlib.Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def train_steps(runner, parameters, batch: torch.Tensor, *, steps: int, warmup: int) -> tuple[dict, object]:
-    """Time AdamW (fused, lr 1e-5) training steps of ``runner(input_ids=batch, labels=batch).loss``.
+def train_steps(runner, parameters, batch: torch.Tensor | Mapping[str, torch.Tensor], *, steps: int,
+                warmup: int) -> tuple[dict, object]:
+    """Time AdamW (fused, lr 1e-5) training steps of ``runner(input_ids=batch, labels=batch).loss`` (or
+    ``runner(**batch).loss`` for a batch of named tensors: packed rows with their position ids, say).
 
     The first step is timed alone (compilation and autotuning included), ``warmup - 1`` more steps follow, then
     ``steps`` timed ones with the GPU synchronised at both ends and the peak memory reset before them. Returns
     the measurements and the step function (for a profile of one more step):
     ``first_step_s``, ``seconds`` (the timed steps), ``peak_bytes``, ``host_queue_s`` (when the host finished
     queueing each timed step: a one-off stall shows there) and ``losses`` (warm-up steps, then the last step).
+    On a CPU ``batch`` (a smoke test) ``peak_bytes`` is None.
     """
     opt = torch.optim.AdamW(parameters, lr=1e-5, fused=True)
+    inputs = {"input_ids": batch, "labels": batch} if isinstance(batch, torch.Tensor) else batch
+    cuda = inputs["input_ids"].device.type == "cuda"
 
     def step() -> torch.Tensor:
-        loss = runner(input_ids=batch, labels=batch).loss
+        loss = runner(**inputs).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     losses = [step().item()]
     first = time.perf_counter() - start
     losses += [step().item() for _ in range(warmup - 1)]
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     ends = []
     for _ in range(steps):
         loss = step()
         ends.append(time.perf_counter())
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     losses.append(loss.item())
     return {
         "first_step_s": first,
         "seconds": seconds,
-        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "host_queue_s": [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)],
         "losses": losses,
     }, step
@@ -357,16 +365,32 @@ def with_lora(model: torch.nn.Module, case: str, output_dir: str) -> torch.nn.Mo
     return peft.get_peft_model(model, config)
 
 
-def fp8_linear_config(recipe: str) -> dict[str, Any]:
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Activation checkpointing (non-reentrant) on a transformers model's decoder layers: their forward runs again
+    in the backward instead of keeping its activations."""
+    # transformers 5.x renamed gradient_checkpointing_enable (the old name warns); earlier ones have only it.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def fp8_linear_config(recipe: str, *, lm_head: bool = False) -> dict[str, Any]:
     """The kernelize ``config`` that asks for kernels-cuda's FP8 linear kernel (``recipe``: ``"rowwise"`` or
-    ``"tensorwise"``) on every decoder-layer linear: an explicit request, so kernelize raises where it cannot be
-    honoured (no Hopper GPU, no torchao).
+    ``"tensorwise"``) on every decoder-layer linear, and on ``lm_head`` too with ``lm_head`` (the fused loss then
+    declines and the loss runs unfused): an explicit request, so kernelize raises where it cannot be honoured (no
+    Hopper GPU, no torchao).
 
     Example:
         >>> fp8_linear_config("rowwise")
         {'kinds': {'linear': {'prefer': {'any': ['cuda.linear.float8_rowwise']}}}}
+        >>> fp8_linear_config("tensorwise", lm_head=True)["kinds"]["linear"]["options"]
+        {'lm_head': True}
     """
-    return {"kinds": {"linear": {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}}}
+    linear: dict[str, Any] = {"prefer": {"any": [f"cuda.linear.float8_{recipe}"]}}
+    if lm_head:
+        linear["options"] = {"lm_head": True}
+    return {"kinds": {"linear": linear}}
 
 
 def require_cuda_kernels(report: Any) -> None:
@@ -421,27 +445,21 @@ def gpu_us(fn, *, calls=10, replays=15):
     return (medians[0] - medians[1]) / calls * 1e3
 
 
-def _patched(owner: object, name: str, value: object, fn):
-    """``fn`` wrapped to run with ``owner.name`` set to ``value`` (restored after each call, cheaply: the wrapper
-    sits inside timed loops)."""
-
-    def run(*args):
-        saved = getattr(owner, name)
-        setattr(owner, name, value)
-        try:
-            return fn(*args)
-        finally:
-            setattr(owner, name, saved)
-
-    return run
-
-
 def triton_norms(fn):
     """``fn`` run with kernels-cuda's with-autograd size threshold at zero: the tuned RMSNorm (and residual add +
     RMSNorm) take the Triton kernel at every size."""
-    from kernels_cuda import _ops
+    from kernels_cuda import ops
 
-    return _patched(_ops, "TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD", 0, fn)
+    def run(*args):
+        # Set and restored around each call (cheaply: the wrapper sits inside timed loops), so other rows in the
+        # same process keep the measured thresholds.
+        saved = ops.set_rms_norm_thresholds(min_elements_with_grad=0)
+        try:
+            return fn(*args)
+        finally:
+            ops.set_rms_norm_thresholds(min_elements_with_grad=saved.min_elements_with_grad)
+
+    return run
 
 
 def python_autograd_norms(fn):

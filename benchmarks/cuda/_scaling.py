@@ -35,7 +35,8 @@ def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
     argv += ["--peft", args.peft] if getattr(args, "peft", None) else []
     argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
                                    ("--no-reshard", args.no_reshard), ("--profile", args.profile),
-                                   ("--host-profile", args.host_profile)) if on]
+                                   ("--host-profile", args.host_profile),
+                                   ("--no-floor", getattr(args, "no_floor", False))) if on]
     argv += [item for key in ("batch", "seq") if getattr(args, key) for item in (f"--{key}", str(getattr(args, key)))]
     return argv
 

@@ -49,6 +49,21 @@ kernel choices; FP8 >= 1.25x its baseline's tokens/s with losses within 1.5%; a 
 its plain run at no more peak memory, losses within 1e-3. With ``--nprocs``, the scaling efficiency per variant
 (tokens/s per GPU at N GPUs over 1 GPU's).
 
+**FSDP2's host tax.** ``kernelize_compile_after``: the decoder layers compiled one by one before ``fully_shard``
+(as ``compile``), then ``kernelize(TRAINING | TORCH_COMPILE)`` after it, the counterpart of ``kernelize_compile``.
+Modifiers on any FSDP2 variant: ``+prefetch<N>`` has each decoder layer's unit all-gather the next N layers'
+parameters in forward and the previous N in backward (``set_modules_to_forward_prefetch`` /
+``set_modules_to_backward_prefetch``; FSDP2's implicit prefetch is one), ``+noreshard`` keeps the layers' gathered
+parameters from forward to backward (``reshard_after_forward=False``) for that variant alone. Each kernelize
+before / after pair with the same modifiers (and ``kernelize_compile`` / ``kernelize_compile_after``) is compared:
+tokens/s within 3% (median of ``--rounds`` alternating rounds) and identical kernel choices. On one GPU the
+kernelized variants' target is >= 1.6x eager.
+
+**Floor accounting** (:mod:`benchmarks.cuda.floor`; ``--no-floor`` skips it): before the variants every rank times
+the step's parts alone (GEMMs with cuBLAS, SDPA, memory-bound work and AdamW at the copy bandwidth) and FSDP2's
+all-gather and reduce-scatter of each unit's parameters; each FSDP2 row gains ``floor_ms`` (per rank and step,
+exposed communication included), ``floor_fraction`` (floor / measured step) and ``floor``, the breakdown.
+
 ``--device cpu`` runs on gloo (no timing or memory worth reading; peak memory is not measured): a smoke test of
 the script and of kernelize under FSDP2/DDP/DeepSpeed (its CPU accelerator) on a machine without GPUs.
 ``--tiny`` shrinks the model and batch.
@@ -86,6 +101,7 @@ from benchmarks.common import require_cuda_kernels
 from benchmarks.common import settle_cpp_extension
 from benchmarks.common import with_lora
 from benchmarks.common import write_json
+from benchmarks.cuda import floor
 from benchmarks.cuda import models_bench
 from benchmarks.cuda import qwen3_bench
 from benchmarks.cuda._scaling import combine
@@ -101,6 +117,7 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
     "kernelize_after": ("fsdp", "after"),
     "compile": ("fsdp", None),
     "kernelize_compile": ("fsdp", "before"),
+    "kernelize_compile_after": ("fsdp", "after"),
     "liger": ("fsdp", None),
     "ddp_eager": ("ddp", None),
     "ddp_kernelize_before": ("ddp", "before"),
@@ -118,23 +135,23 @@ DEFAULT_VARIANTS = ("eager", "kernelize_before", "kernelize_after", "ddp_eager",
                     "ddp_kernelize_after")
 # kernelize_compile with every decoder-layer linear asked for kernels-cuda's FP8 kernel of this scaling recipe.
 FP8 = {"kernelize_compile_fp8_rowwise": "rowwise", "kernelize_compile_fp8_tensorwise": "tensorwise"}
-COMPILED = {"compile", "kernelize_compile", *FP8}
+COMPILED = {"compile", "kernelize_compile", "kernelize_compile_after", *FP8}
+# Modifiers of an FSDP2 variant's sharding (``name+prefetch2+noreshard``): see the module.
+PREFETCH = re.compile(r"prefetch(\d+)")
 # Variants patched by Liger-Kernel (its per-instance model patch, as the Trainer's use_liger_kernel applies it).
 LIGER = {"liger"}
 BASELINE = {"fsdp": "eager", "ddp": "ddp_eager", "zero2": "ds_zero2", "zero3": "ds_zero3"}
 # DeepSpeed wrappers: deepspeed.initialize around the module at this ZeRO stage, AdamW as the client optimizer.
 ZERO_STAGE = {"zero2": 2, "zero3": 3}
 DEEPSPEED_MISSING = 'deepspeed is not installed: pip install "kernels-core[deepspeed]"'
-# A smoke-test size: every code path of the real run in seconds on CPU (vocab divisible by the world size).
-TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=256)
-# The same for the other families' extra sizes (experts, sliding window).
-TINY_EXTRA = {"qwen3_moe": dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2),
-              "mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "gemma3_text": dict(sliding_window=64),
-              "llama": {}}
+# A smoke-test size: every code path of the real run in seconds on CPU (models_bench's, shared).
+TINY = models_bench.TINY
+TINY_EXTRA = models_bench.TINY_EXTRA
 DEFAULT_MODEL = "qwen3-0.6b"
 
 TARGET_SPEEDUP = 1.15
+# One GPU, one unit per decoder layer: the issue's target for the kernelized FSDP2 step against eager.
+TARGET_SPEEDUP_ONE_GPU = 1.6
 TARGET_PEAK = 0.45
 TARGET_LOSS_REL = 1e-3
 TARGET_BEFORE_AFTER = 0.03
@@ -146,6 +163,30 @@ TARGET_FP8_LOSS_REL = 0.015
 TARGET_ZERO_SPEEDUP = 1.15
 
 
+def split_variant(name: str) -> tuple[str, list[str]]:
+    """(base variant, modifiers) of a variant name such as ``kernelize_before+prefetch2+noreshard``.
+
+    Example:
+        >>> split_variant("kernelize_after+prefetch2+noreshard")
+        ('kernelize_after', ['prefetch2', 'noreshard'])
+    """
+    base, *modifiers = name.split("+")
+    return base, modifiers
+
+
+def variant_problem(name: str) -> str | None:
+    """Why ``name`` is no variant of this benchmark, or None."""
+    base, modifiers = split_variant(name)
+    if base not in VARIANTS:
+        return f"unknown variant {base!r}; choose from {list(VARIANTS)}"
+    for modifier in modifiers:
+        if modifier != "noreshard" and not PREFETCH.fullmatch(modifier):
+            return f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N> or noreshard"
+        if VARIANTS[base][0] != "fsdp":
+            return f"{modifier!r} in {name!r} applies to FSDP2 variants only"
+    return None
+
+
 def setup(device_type: str) -> torch.device:
     """The process group, with the NVLink-multicast switches of the lent hosts; the GPU tests' own setup."""
     return distributed_workers().init_distributed(device_type)
@@ -153,7 +194,8 @@ def setup(device_type: str) -> torch.device:
 
 def _normalise(module_name: str) -> str:
     """The module path as if unwrapped: DDP adds a leading ``module.``; FSDP2 keeps the names."""
-    return re.sub(r"^module(\.|$)", "", module_name)
+    # torch.compile's wrapper adds ``_orig_mod.`` below each compiled layer when kernelize runs after it.
+    return re.sub(r"^module(\.|$)", "", module_name).replace("._orig_mod", "")
 
 
 def summarise_report(report: Any) -> dict[str, Any]:
@@ -200,6 +242,17 @@ def wrap(model: torch.nn.Module, how: str, device: torch.device, *, reshard_afte
     return model
 
 
+def set_prefetch(model: torch.nn.Module, count: int, *, layers_per_unit: int) -> None:
+    """Each decoder layer's FSDP2 unit all-gathers the next ``count`` layers' parameters when its forward starts
+    and the previous ``count`` when its backward starts (FSDP2 prefetches one on its own)."""
+    if layers_per_unit != 1:
+        raise ValueError("prefetch<N> needs one FSDP2 unit per decoder layer (--layers-per-unit 1)")
+    layers = list(decoder_layers(model))
+    for index, layer in enumerate(layers):
+        layer.set_modules_to_forward_prefetch(layers[index + 1:index + 1 + count])
+        layer.set_modules_to_backward_prefetch(layers[max(0, index - count):index][::-1])
+
+
 def deepspeed_engine(model: torch.nn.Module, *, stage: int, batch: int, optimizer: torch.optim.Optimizer) -> Any:
     """``deepspeed.initialize`` around ``model`` at ZeRO-``stage`` with ``optimizer`` as the client optimizer, bf16,
     ``batch`` sequences per rank, no gradient accumulation or clipping (as the FSDP2 variants)."""
@@ -230,12 +283,19 @@ def _free(device: torch.device) -> None:
 
 
 def baseline(name: str, *, ran: Collection[str]) -> str:
-    """The run a variant is compared with: compile for kernelize_compile; for an FP8 variant kernelize_compile
-    where it is in the job (``ran``), else compile; else the same wrapper's plain run (a ZeRO stage's plain
-    DeepSpeed run for its kernelized variants)."""
-    if name in FP8:
-        return "kernelize_compile" if "kernelize_compile" in ran else "compile"
-    return "compile" if name == "kernelize_compile" else BASELINE[VARIANTS[name][0]]
+    """The run a variant is compared with: compile for kernelize_compile (and kernelize_compile_after); for an
+    FP8 variant kernelize_compile where it is in the job (``ran``), else compile; else the same wrapper's plain run
+    (a ZeRO stage's plain DeepSpeed run for its kernelized variants). A variant with modifiers is compared with
+    that run under the same modifiers where it ran, else with the plain one."""
+    base, modifiers = split_variant(name)
+    if base in FP8:
+        plain = "kernelize_compile" if "kernelize_compile" in ran else "compile"
+    elif base in ("kernelize_compile", "kernelize_compile_after"):
+        plain = "compile"
+    else:
+        plain = BASELINE[VARIANTS[base][0]]
+    same = "+".join([plain, *modifiers])
+    return same if modifiers and same in ran and same != name else plain
 
 
 def build_model(name: str, *, tiny: bool, device: torch.device, layers: int | None = None) -> torch.nn.Module:
@@ -259,14 +319,17 @@ def vocab_size(name: str, *, tiny: bool) -> int:
 def run_variant(name: str, args: argparse.Namespace, device: torch.device, batches: torch.Tensor) -> dict[str, Any]:
     import kernels_core
 
-    how, order = VARIANTS[name]
-    compiled = name in COMPILED
+    base, modifiers = split_variant(name)
+    how, order = VARIANTS[base]
+    compiled = base in COMPILED
     world = dist.get_world_size()
     _free(device)
+    reshard = not (args.no_reshard or "noreshard" in modifiers)
+    prefetch = next((int(m.group(1)) for m in map(PREFETCH.fullmatch, modifiers) if m), None)
     result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order, "compiled": compiled,
-                              "peft": args.peft}
-    if name in FP8:
-        result["fp8"] = FP8[name]
+                              "peft": args.peft, "reshard_after_forward": reshard, "prefetch": prefetch}
+    if base in FP8:
+        result["fp8"] = FP8[base]
     if device.type == "cuda":
         # What the previous variant left behind: should be ~0, or the peaks below are not comparable.
         result["allocated_at_start_GiB"] = round(torch.cuda.memory_allocated(device) / GIB, 4)
@@ -279,7 +342,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         with tempfile.TemporaryDirectory(prefix=f"distributed-bench-{args.peft}-{dist.get_rank()}-") as tmp:
             model = with_lora(model, args.peft, tmp)
     model.train()
-    if name in LIGER:
+    if base in LIGER:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         # The Trainer patches a PEFT model's base model.
@@ -287,7 +350,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         _apply_liger_kernel_to_instance(model=base)
     if order == "before":
         mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
-        config = fp8_linear_config(FP8[name]) if name in FP8 else None
+        config = fp8_linear_config(FP8[base]) if base in FP8 else None
         kernels_core.kernelize(model, mode=mode, config=config)
     if compiled:
         # Each decoder layer compiled on its own, then sharded: FSDP2's hooks stay outside the compiled graphs.
@@ -302,11 +365,14 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
                                    foreach=None if fused else True)
         runner = deepspeed_engine(model, stage=ZERO_STAGE[how], batch=batch_size, optimizer=client)
     else:
-        runner = wrap(model, how, device, reshard_after_forward=not args.no_reshard,
-                      layers_per_unit=args.layers_per_unit)
+        runner = wrap(model, how, device, reshard_after_forward=reshard, layers_per_unit=args.layers_per_unit)
+        if prefetch:
+            set_prefetch(model, prefetch, layers_per_unit=args.layers_per_unit)
     if order == "after":
-        # DeepSpeed's engine is no nn.Module wrapper kernelize walks into: kernelize the module it trains.
-        kernels_core.kernelize(runner.module if how in ZERO_STAGE else runner, mode=kernels_core.Mode.TRAINING)
+        # DeepSpeed's engine is no nn.Module wrapper kernelize walks into: kernelize the module it trains. The
+        # compiled layers are traced at their first call, after this, so they trace the bound kernels.
+        mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
+        kernels_core.kernelize(runner.module if how in ZERO_STAGE else runner, mode=mode)
     if order is not None:
         # The report lives on the module kernelize was given: the bare model, or the wrapper (DDP) around it.
         report = kernels_core.get_report(model if order == "before" or how in ZERO_STAGE else runner)
@@ -398,6 +464,30 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
 
 
+def _floor_key(name: str, *, no_reshard: bool) -> tuple[str | None, bool] | None:
+    """(FP8 recipe or None, reshard after forward) of an FSDP2 variant's floor; None for other wrappers."""
+    base, modifiers = split_variant(name)
+    if VARIANTS[base][0] != "fsdp":
+        return None
+    return FP8.get(base), not (no_reshard or "noreshard" in modifiers)
+
+
+def measure_floors(args: argparse.Namespace, names: list[str], device: torch.device, *, batch: int,
+                   seq: int) -> dict[tuple[str | None, bool], dict[str, Any]]:
+    """The per-rank step floor of each FSDP2 variant's kind (see :func:`_floor_key`), communication included;
+    every rank measures alike (the collectives need it)."""
+    config = build_model(args.model, tiny=args.tiny, device=torch.device("meta"), layers=args.layers).config
+    timer = floor.PartTimer(device)
+    floors = {}
+    for key in sorted({k for k in (_floor_key(n, no_reshard=args.no_reshard) for n in names) if k is not None},
+                      key=str):
+        recipe, reshard = key
+        floors[key] = floor.step_floor(config, batch=batch, seq=seq, timer=timer, fp8=recipe,
+                                       comm=timer.fsdp_comm_ms, layers_per_unit=args.layers_per_unit,
+                                       reshard_after_forward=reshard)
+    return floors
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     """This rank's part of a parameter: FSDP2's DTensor shard, ZeRO-3's partition, or the tensor itself."""
     if hasattr(param, "ds_tensor"):
@@ -431,7 +521,8 @@ def compare(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each kernelized variant against the eager run of the same wrapper."""
     ratios = {}
     for name, row in rows.items():
-        base = rows.get(baseline(name, ran=rows)) if row["kernelize"] is not None or name in LIGER else None
+        compared = row["kernelize"] is not None or split_variant(name)[0] in LIGER
+        base = rows.get(baseline(name, ran=rows)) if compared else None
         if base is None or "error" in row or "error" in base:
             continue
         ratios[name] = _versus(row, base)
@@ -456,18 +547,35 @@ def _choice_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [f"{key}: {ca.get(key)} vs {cb.get(key)}" for key in keys if ca.get(key) != cb.get(key)]
 
 
-def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _pairs(rows: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """(kernelize before, kernelize after) pairs of variants in ``rows`` with the same wrapper and modifiers."""
+    prefixes = ("", "ddp_", *(f"ds_zero{stage}_" for stage in ZERO_STAGE.values()))
+    orders = [("kernelize_compile", "kernelize_compile_after"),
+              *((f"{p}kernelize_before", f"{p}kernelize_after") for p in prefixes)]
+    pairs = []
+    for name in rows:
+        base, modifiers = split_variant(name)
+        for before, after in orders:
+            other = "+".join([after, *modifiers])
+            if base == before and other in rows:
+                pairs.append((name, other))
+    return pairs
+
+
+def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]], *,
+            world: int = 2) -> list[dict[str, Any]]:
     out = []
 
     def add(name: str, value: object, target: str, met: bool) -> None:
         out.append({"name": name, "value": value, "target": target, "met": bool(met)})
 
-    for name in ("kernelize_before", "kernelize_after"):
-        if name not in rows:
+    wanted = TARGET_SPEEDUP_ONE_GPU if world == 1 else TARGET_SPEEDUP
+    for name in rows:
+        if split_variant(name)[0] not in ("kernelize_before", "kernelize_after"):
             continue
         r = ratios.get(name, {})
         speed, peak, loss = r.get("tokens_per_s"), r.get("peak"), r.get("max_rel_loss_diff")
-        add(f"{name} tokens/s vs eager", speed, f">= {TARGET_SPEEDUP}", speed is not None and speed >= TARGET_SPEEDUP)
+        add(f"{name} tokens/s vs {r.get('vs', 'eager')}", speed, f">= {wanted}", speed is not None and speed >= wanted)
         add(f"{name} peak vs eager", peak, f"<= {TARGET_PEAK}", peak is not None and peak <= TARGET_PEAK)
         add(f"{name} max relative loss difference vs eager", loss, f"<= {TARGET_LOSS_REL}",
             loss is not None and loss <= TARGET_LOSS_REL)
@@ -475,8 +583,8 @@ def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
         r = ratios["kernelize_compile"]
         add("kernelize_compile max relative loss difference vs compile", r["max_rel_loss_diff"],
             f"<= {TARGET_LOSS_REL}", r["max_rel_loss_diff"] <= TARGET_LOSS_REL)
-    for name in FP8:
-        if name not in rows:
+    for name in rows:
+        if split_variant(name)[0] not in FP8:
             continue
         r = ratios.get(name, {})
         speed, loss, vs = r.get("tokens_per_s"), r.get("max_rel_loss_diff"), baseline(name, ran=rows)
@@ -500,17 +608,14 @@ def targets(rows: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
         if "lm_head_adapter_trained" in row:
             trained = row["lm_head_adapter_trained"]
             add(f"{name} lm_head LoRA adapter trained", trained, "True", trained)
-    for prefix in ("", "ddp_", *(f"ds_zero{stage}_" for stage in ZERO_STAGE.values())):
-        before, after = rows.get(f"{prefix}kernelize_before"), rows.get(f"{prefix}kernelize_after")
-        if before is None or after is None:
-            continue  # a pair is compared only when both orders ran
+    for first, second in _pairs(rows):  # a pair is compared only when both orders ran (same modifiers)
+        before, after = rows[first], rows[second]
         ok = "error" not in before and "error" not in after
         ratio = _ratio(before["tokens_per_s"], after["tokens_per_s"]) if ok else None
-        add(f"{prefix}kernelize_before / {prefix}kernelize_after tokens/s", ratio, f"within {TARGET_BEFORE_AFTER:.0%}",
+        add(f"{first} / {second} tokens/s", ratio, f"within {TARGET_BEFORE_AFTER:.0%}",
             ratio is not None and abs(ratio - 1) <= TARGET_BEFORE_AFTER)
         diff = _choice_diff(before, after) if ok else ["variant missing or failed"]
-        add(f"{prefix}kernelize before/after identical kernel choices", diff[:20] or "identical", "identical",
-            not diff)
+        add(f"{first} / {second} identical kernel choices", diff[:20] or "identical", "identical", not diff)
     return out
 
 
@@ -592,17 +697,19 @@ def main() -> None:
                         help="train PEFT LoRA adapters (r 16, alpha 32, dropout 0.05) in every variant: on every "
                              "decoder linear, on those and lm_head, or QLoRA (bitsandbytes 4-bit nf4 base, CUDA)")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--no-floor", action="store_true", help="no floor accounting (benchmarks.cuda.floor)")
+    parser.add_argument("--repeats", "--rounds", type=int, default=1,
                         help="run the whole variant list this many times, interleaved, and report each variant's "
                              "median tokens/s (a shared machine's drift then hits every variant alike)")
     args = parser.parse_args()
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    problems = list(filter(None, map(variant_problem, args.variants.split(","))))
+    if problems:
+        parser.error("; ".join(problems))
     if args.model != DEFAULT_MODEL and args.model not in models_bench.MODELS:
         parser.error(f"unknown model {args.model!r}; choose from {[DEFAULT_MODEL, *models_bench.MODELS]}")
     ran = args.variants.split(",")
-    kernelized = {name: baseline(name, ran=ran) for name, (_, order) in VARIANTS.items() if order is not None}
+    kernelized = {name: baseline(name, ran=ran) for name in {*VARIANTS, *ran}
+                  if VARIANTS[split_variant(name)[0]][1] is not None}
     if args.combine:
         parts = dict(item.split("=", 1) for item in args.combine.split(","))
         combine({int(n): pathlib.Path(path) for n, path in parts.items()}, args.out, baseline=kernelized.get)
@@ -633,7 +740,8 @@ def main() -> None:
     peft = "" if args.peft is None else (
         f"PEFT {args.peft} (r 16, alpha 32, dropout 0.05, targets {PEFT_TARGETS[args.peft]}{quantized}) "
         "in every variant; ")
-    stages = sorted({ZERO_STAGE[VARIANTS[name][0]] for name in names if VARIANTS[name][0] in ZERO_STAGE})
+    wrappers = {VARIANTS[split_variant(name)[0]][0] for name in names}
+    stages = sorted(ZERO_STAGE[how] for how in wrappers & ZERO_STAGE.keys())
     zero = "" if not stages else (
         f"DeepSpeed ZeRO-{'/'.join(map(str, stages))} variants: deepspeed.initialize with AdamW as the client "
         f"optimizer, bf16, micro-batch {batch}; ")
@@ -656,6 +764,11 @@ def main() -> None:
         "layers": args.layers,
         "peft": args.peft,
     }
+    floors: dict[tuple[str | None, bool], dict[str, Any]] = {}
+    if args.no_floor or args.peft is not None:
+        payload["floor"] = "not measured (--no-floor)" if args.no_floor else "not modelled for PEFT (frozen base)"
+    else:
+        floors = measure_floors(args, names, device, batch=batch, seq=seq)
     rows: dict[str, dict[str, Any]] = {}
     failed = False
     for repeat in range(args.repeats):
@@ -665,21 +778,23 @@ def main() -> None:
             try:
                 row = run_variant(name, args, device, batches)
             except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report; others still run
-                how, order = VARIANTS[name]
+                how, order = VARIANTS[split_variant(name)[0]]
                 row = {"variant": name, "wrapper": how, "kernelize": order, "peft": args.peft,
                        "error": f"{type(exc).__name__}: {exc}"[:3000], "traceback": traceback.format_exc()[-6000:]}
                 print(f"[rank {rank}] {name} failed:\n{row['traceback']}", file=sys.stderr, flush=True)
                 failed = True
                 _free(device)
             rows[name] = _merge_round(rows.get(name), row)
+            key = _floor_key(name, no_reshard=args.no_reshard)
+            floor.attach(rows[name], floors.get(key) if key else None)
             if rank == 0:
                 ratios = compare(rows)
                 write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios,
-                                      "targets": targets(rows, ratios)})
+                                      "targets": targets(rows, ratios, world=dist.get_world_size())})
             dist.barrier()
     if rank == 0:
         ratios = compare(rows)
-        checks = targets(rows, ratios)
+        checks = targets(rows, ratios, world=dist.get_world_size())
         write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios, "targets": checks,
                               "all_targets_met": all(c["met"] for c in checks)})
         print_table(rows, ratios, checks)

@@ -22,6 +22,14 @@ installed) go to ``--out``.
 A run with ``--variants`` naming some of them keeps the other rows of an earlier run in the same ``--out`` with the
 same settings, so the variants can run as separate commands (``--variants bf16``, then ``--variants fp8_rowwise``...).
 
+``--layers N`` sets the depth (32: the Llama-3.1-8B shape at full depth) and ``--checkpointing`` turns on
+activation checkpointing (non-reentrant) in every variant alike, for depths whose activations do not fit:
+
+    python -m benchmarks.cuda.fp8_accuracy --layers 32 --checkpointing --steps 300 --out /tmp/fp8-accuracy-32l
+
+``--variants`` also takes ``fp8_rowwise+lm_head`` / ``fp8_tensorwise+lm_head``: ``lm_head`` in FP8 too (the
+fused loss then declines and the loss runs unfused).
+
 ``--tiny``: a 2-layer model of hidden size 64 on a 256-token chain, 20 steps of 2 x 64 tokens at lr 3e-3, for
 checking the script anywhere; on a machine without an FP8-capable GPU the FP8 variants are skipped, with the reason
 in the JSON.
@@ -108,12 +116,17 @@ def fp8_unavailable(device: torch.device) -> str | None:
 def build(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     import transformers
 
-    shape = TINY if args.tiny else LLAMA_8B_4L
+    shape = {**(TINY if args.tiny else LLAMA_8B_4L), **({"num_hidden_layers": args.layers} if args.layers else {})}
     config = transformers.LlamaConfig(**shape, vocab_size=args.vocab, attn_implementation="sdpa",
                                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(args.seed)
     with torch.device(device):
-        return transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    if args.checkpointing:
+        from benchmarks.common import enable_checkpointing
+
+        enable_checkpointing(model)
+    return model
 
 
 def learning_rate(step: int, args: argparse.Namespace) -> float:
@@ -132,10 +145,11 @@ def train(variant: str, args: argparse.Namespace, data: torch.Tensor) -> dict:
     model = build(args, device)
     model.train()
     config = None
-    if variant.startswith("fp8_"):
+    base, _, modifier = variant.partition("+")
+    if base.startswith("fp8_"):
         from benchmarks.common import fp8_linear_config
 
-        config = fp8_linear_config(variant.removeprefix("fp8_"))
+        config = fp8_linear_config(base.removeprefix("fp8_"), lm_head=modifier == "lm_head")
     kernels_core.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, config=config)
     report = kernels_core.get_report(model)
     fp8_layers = sum(1 for e in report.entries if e.kind == "linear" and e.kernel)
@@ -245,6 +259,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="a small model and chain, 20 steps: a smoke test")
+    parser.add_argument("--layers", type=int, help="decoder layers (default 4; 32 is the Llama-3.1-8B depth)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="activation checkpointing (non-reentrant) on the decoder layers, in every variant")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per variant")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -271,7 +288,10 @@ def main() -> None:
     device = torch.device(args.device)
     floor = entropy_rate(successors, probs)
     skip = fp8_unavailable(device)
-    shape = "tiny (2 layers, hidden 64)" if args.tiny else "Llama-3.1-8B cut to 4 layers"
+    layers = args.layers or (TINY if args.tiny else LLAMA_8B_4L)["num_hidden_layers"]
+    shape = (f"tiny ({layers} layers, hidden 64)" if args.tiny else
+             f"Llama-3.1-8B shape, {layers} layers" + (" (full depth)" if layers == 32 else ""))
+    shape += ", activation checkpointing" if args.checkpointing else ""
     config = (f"{shape}, vocabulary {args.vocab}, bf16 weights, kernelize + torch.compile, AdamW(lr {args.lr}, "
               f"betas 0.9/0.95, wd 0.1, {args.warmup} warm-up steps, cosine to 0.1x), clip 1.0, {args.tokens} "
               f"tokens per step, {args.steps} steps, seed {args.seed}")

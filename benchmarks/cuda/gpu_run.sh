@@ -17,17 +17,7 @@
 set -u
 STAGES="${1:-probe tests rmsnorm qwen3}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed"; exit 1; }
-# Byte-compile now, warnings silenced: a carried package's invalid escape sequences (torchao 0.17) would otherwise
-# be compiled on first import inside the test suites, whose warnings are errors, and fail every test importing it.
-python3 -W ignore -m compileall -q /tmp/site > /dev/null 2>&1 || true
-export PYTHONPATH=${EXTRA_PYTHONPATH:+$EXTRA_PYTHONPATH:}/tmp/site:$PWD/core/src:$PWD/triton-adapters/src:$PWD/plugins-cuda/src
-# Entry points exist only for installed distributions: without this, kernelize would find no CUDA plugin.
-python3 -m pip install --no-deps --no-build-isolation --no-index -q -e core -e triton-adapters -e plugins-cuda \
-  || { echo "editable install failed"; exit 1; }
-log() { echo "== $* ($(date +%T))" | tee -a "$OUT/log.txt"; }
+source benchmarks/cuda/gpu_setup.sh || exit 1
 if [[ " $STAGES " == *" probe "* ]]; then
   log probe
   { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv;

@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import kernels_core
-    from kernels_cuda import _ops
+    from kernels_cuda import ops as cuda_ops
     from kernels_triton import ops
 
     # The norms' C++ autograd extension builds in the background on first use: wait, so the rows time it.
@@ -188,7 +188,7 @@ def main() -> None:
         "triton_launch": launch,
         "triton_kernels_rms_norm": lambda: ops.apply_rms_norm(x, w, eps=1e-6, offset=0.0, gemma=False),
         "triton_adapter_rms_norm": lambda: ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
-        "cuda_tuned_rms_norm": lambda: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "cuda_tuned_rms_norm": lambda: cuda_ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "kernelized_module": lambda: kernel_module(x),
         "f_rms_norm": lambda: F.rms_norm(x, (args.cols,), w, 1e-6),
         "eager_module": lambda: eager_module(x),

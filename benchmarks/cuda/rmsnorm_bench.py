@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of chain timings; per-layer costs are their median (default: 5)")
     args = parser.parse_args()
-    from kernels_cuda import _ops
+    from kernels_cuda import ops as cuda_ops
     from kernels_triton import ops
 
     dtype = torch.bfloat16
@@ -174,7 +174,7 @@ def main() -> None:
         "liger": lambda x, w: ops.liger_rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
         "f_rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
         "triton": lambda x, w: ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
-        "tuned": lambda x, w: _ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
+        "tuned": lambda x, w: cuda_ops.rms_norm(x, w, eps=1e-6, offset=0.0, casting="llama"),
     }
     host = {}
     tiny_x = torch.randn(8, 1024, device="cuda", dtype=dtype)
@@ -246,8 +246,8 @@ def main() -> None:
         "environment": environment(),
         "dtype": "bfloat16",
         "copy_bandwidth_GBps": copy_bw,
-        "tuned_triton_min_elements": _ops.TRITON_RMS_NORM_MIN_ELEMENTS,
-        "tuned_triton_min_elements_with_grad": _ops.TRITON_RMS_NORM_MIN_ELEMENTS_WITH_GRAD,
+        "tuned_triton_min_elements": cuda_ops.rms_norm_thresholds().min_elements,
+        "tuned_triton_min_elements_with_grad": cuda_ops.rms_norm_thresholds().min_elements_with_grad,
         "cpp_autograd": cpp_autograd,
         "chain_rounds": args.rounds,
         "host_us_per_call": host,

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from kernels_core import reset_plugin_manager
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import isolate_environment
@@ -45,3 +46,20 @@ def ref_installed(ref_pm):
 @pytest.fixture
 def calls():
     return reference_plugin.CALLS
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """The query length of every causal SDPA call made without a mask, in call order: a packed-attention kernel
+    computing documents one by one makes one per document; transformers' sdpa over a packed row's dense mask
+    makes none, and over an unmasked row one of the row's length."""
+    lengths: list[int] = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(query, *args, **kwargs):
+        if kwargs.get("is_causal") and kwargs.get("attn_mask") is None:
+            lengths.append(query.shape[-2])
+        return original(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    return lengths

@@ -62,7 +62,7 @@ def test_a_false_compile_declaration_fails_only_the_compiled_run(wrong_pm):
 
 def test_an_impl_that_does_not_import_fails(wrong_pm):
     (row,) = _rows(check(["wrong"], kernels=["bad.silu.missing"], plugin_manager=wrong_pm), "bad.silu.missing")
-    assert row.status == "fail" and "conformance_plugins:does_not_exist failed to import" in row.reason
+    assert row.status == "fail" and row.reason.startswith("impl missing: impl 'conformance_plugins:does_not_exist'")
 
 
 def test_what_cannot_be_checked_here_is_skipped_with_the_reason(wrong_pm):
@@ -129,7 +129,9 @@ def broken_pm():
 
 def test_a_raising_matcher_or_adapter_fails_its_rows_and_the_check_goes_on(broken_pm):
     report = check(["sharp", "flat", "good"], plugin_manager=broken_pm, compile=False)
-    (sharp,) = _rows(report, "sharp.linear")
+    # The matcher raises on every Linear: on the case's module and on the real models' (the model zoo row).
+    zoo, sharp = sorted(_rows(report, "sharp.linear"), key=lambda r: r.case != "model zoo")
+    assert zoo.case == "model zoo" and zoo.status == "fail" and "raised on 1 module class(es)" in zoo.reason
     assert sharp.status == "fail" and sharp.reason == (
         "the kind's matcher broken_plugins:match_raising (plugin 'sharp') raised RuntimeError: matcher confused by "
         "Linear")
@@ -138,7 +140,7 @@ def test_a_raising_matcher_or_adapter_fails_its_rows_and_the_check_goes_on(broke
         "the kind's adapter broken_plugins:adapt_always_raising (plugin 'flat') raised RuntimeError: adapter always "
         "fails")
     assert [r.status for r in _rows(report, "good.linear")] == ["pass"]
-    with pytest.raises(AssertionError, match=r"2 failed(.|\n)*sharp.linear(.|\n)*matcher confused"):
+    with pytest.raises(AssertionError, match=r"3 failed(.|\n)*sharp.linear(.|\n)*matcher confused"):
         assert_conforms("sharp", "flat", "good", plugin_manager=broken_pm, compile=False)
 
 
@@ -151,7 +153,7 @@ def test_the_command_reports_broken_plugins_as_failed_rows(broken_pm, capsys):
     out = capsys.readouterr().out
     assert "FAIL: the kind's matcher broken_plugins:match_raising" in out
     assert "FAIL: the kind's adapter broken_plugins:adapt_always_raising" in out
-    assert "3 kernel(s) checked: 1 passed, 2 failed" in out
+    assert "3 kernel(s) checked: 1 passed, 3 failed" in out  # sharp fails its case and the model zoo
 
 
 def test_under_compile_the_kernel_own_exception_is_reported():
@@ -162,3 +164,103 @@ def test_under_compile_the_kernel_own_exception_is_reported():
     assert rows[1].reason.startswith("the kernel raised ValueError: linear kernel exploded (eagerly too; under "
                                      "torch.compile: ")
     assert "hasattr" not in rows[1].reason
+
+
+# -- what a third-party author gets wrong (mistaken_plugins.py): check finds what a real model finds -----------------
+
+def _acme(plugin):
+    import mistaken_plugins
+
+    pm = fresh_plugin_manager((getattr(mistaken_plugins, plugin)(), "acme"))
+    pm.strict = False
+    pm.invalidate()
+    return pm
+
+
+def test_a_matcher_that_raises_on_other_modules_fails_over_the_model_zoo():
+    report = check(["acme"], plugin_manager=_acme("CarelessMatcher"), compile=False)
+    (zoo,) = [r for r in report.results if r.case == "model zoo"]
+    assert zoo.status == "fail" and "mistaken_plugins:match_fc_mlp (plugin 'acme') raised on" in zoo.reason
+    assert "LlamaRMSNorm" in zoo.reason or "more" in zoo.reason
+    assert "AttributeError" in zoo.reason and not report.ok
+    assert check(["acme"], plugin_manager=_acme("CarefulMatcher"), compile=False).ok
+
+
+def test_a_norm_that_forgets_eps_fails_on_the_edge_rows():
+    report = check(["acme"], plugin_manager=_acme("NoEps"), compile=False)
+    rows = _rows(report, "acme.rms_norm.no_eps")
+    assert rows and all(r.status == "fail" for r in rows)
+    assert {r.dtype for r in rows} == {"float32", "bfloat16", "float16"}
+    assert check(["acme"], plugin_manager=_acme("Ok"), compile=False).ok
+
+
+def test_a_one_percent_error_fails_in_every_dtype():
+    rows = _rows(check(["acme"], plugin_manager=_acme("Scaled"), compile=False), "acme.rms_norm.scaled")
+    assert {r.dtype for r in rows if r.status == "fail"} == {"float32", "bfloat16", "float16"}
+    assert all(r.status == "fail" for r in rows)
+
+
+def test_a_rejected_kernel_fails_the_check_and_assert_conforms(capsys):
+    pm = _acme("MisspeltVariant")
+    report = check(["acme"], plugin_manager=pm, compile=False)
+    (row,) = report.results
+    assert row.kernel == "acme.rms_norm.ofset" and row.status == "fail"
+    assert row.reason.startswith("rejected: ") and "'ofset' -> 'offset'?" in row.reason
+    with pytest.raises(AssertionError, match="acme.rms_norm.ofset"):
+        assert_conforms("acme", plugin_manager=pm, compile=False)
+    previous = _manager.reset_plugin_manager(pm)
+    try:
+        assert _cli.main(["check", "acme", "--no-compile"]) == 1
+    finally:
+        _manager.reset_plugin_manager(previous)
+
+
+def test_a_misspelt_field_or_api_attribute_fails_the_check():
+    report = check(["acme"], plugin_manager=_acme("MisspeltField"), compile=False)
+    assert [r.reason for r in report.results if r.kernel == "acme.rms_norm.typo"] == [
+        "rejected: kernel 'acme.rms_norm.typo': KernelSpec has no field 'prority' (did you mean 'priority'?). Fix "
+        "the KernelSpec in kernels_core_kernels()"]
+    assert not report.ok
+    report = check(["acme"], plugin_manager=_acme("MisspeltApi"), compile=False)
+    assert not report.ok and any("KERNELS_CORE_PLUGIN_APl" in (r.reason or "") for r in report.failures)
+
+
+def test_the_plugin_losing_a_kernel_id_fails_its_check():
+    import mistaken_plugins
+
+    pm = fresh_plugin_manager((mistaken_plugins.Ok(), "acme"), (mistaken_plugins.IdThief(), "zeta"))
+    pm.strict = False
+    pm.invalidate()
+    report = check(["acme"], plugin_manager=pm, compile=False)
+    (row,) = report.results
+    assert row.status == "fail" and "'zeta''s (the highest priority) is used instead of this one" in row.reason
+
+
+def test_kernels_and_check_share_the_impl_missing_verdict(capsys):
+    pm = _acme("MissingImpl")
+    previous = _manager.reset_plugin_manager(pm)
+    try:
+        assert _cli.main(["kernels"]) == 0
+        out = capsys.readouterr().out
+        assert _cli.main(["check", "acme", "--no-compile"]) == 1
+        checked = capsys.readouterr().out
+    finally:
+        _manager.reset_plugin_manager(previous)
+    (line,) = [line for line in out.splitlines() if line.startswith("acme.rms_norm.missing")]
+    assert line.rstrip().endswith("impl missing")
+    assert "impl missing: impl 'mistaken_plugins:no_such_function'" in checked
+
+
+def test_plugin_exceptions_keep_their_traceback_in_check_json_and_traceback(broken_pm, capsys):
+    previous = _manager.reset_plugin_manager(broken_pm)
+    try:
+        assert _cli.main(["check", "sharp", "--no-compile", "--json"]) == 1
+        data = json.loads(capsys.readouterr().out)
+        assert _cli.main(["check", "sharp", "--no-compile", "--traceback"]) == 1
+        out = capsys.readouterr().out
+    finally:
+        _manager.reset_plugin_manager(previous)
+    (row,) = [r for r in data["results"] if r["kernel"] == "sharp.linear" and r["case"] != "model zoo"]
+    assert row["traceback"].startswith("Traceback (most recent call last)")
+    assert 'raise RuntimeError(f"matcher confused by' in row["traceback"]
+    assert "Traceback (most recent call last)" in out and 'raise RuntimeError(f"matcher confused by' in out

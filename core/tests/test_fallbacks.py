@@ -172,7 +172,7 @@ def test_a_matcher_raising_declines_naming_its_plugin():
         model = kernels_core.kernelize(_mixed_model(), mode=Mode.INFERENCE, plugin_manager=pm)
     entry = next(e for e in kernels_core.get_report(model).entries if e.kind == "scaled_linear")
     assert not entry.applied
-    for part in (f"matcher {__name__}:match_raising", "plugin 'demo'", "distribution demo-plugin",
+    for part in (f"matcher {__name__}:match_raising", "plugin 'demo' (demo-plugin 1.0)",
                  "RuntimeError: matcher confused"):
         assert part in entry.reason, part
 
@@ -203,8 +203,10 @@ def test_a_raising_matcher_warns_once_for_its_kind_the_others_keep_binding_and_s
         assert part in message, part
     report = kernels_core.get_report(model)
     assert sorted(e.kernel for e in report.applied) == ["any.rms_norm.recompute", "good.linear", "good.linear"]
+    # One row for the kind whose matcher raised, not one per module it raised on (none of them is matched).
     sharp = [e for e in report.entries if e.kind == "sharp_linear"]
-    assert len(sharp) == 2 and all("raised RuntimeError: matcher confused by Linear" in e.reason for e in sharp)
+    assert len(sharp) == 1 and sharp[0].module == "" and not sharp[0].applied
+    assert "raised RuntimeError: matcher confused by Linear" in sharp[0].reason
     # Once per process and cause.
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)
@@ -286,3 +288,32 @@ def test_a_kernel_raising_under_torch_compile_shows_its_own_exception():
         exc = exc.__cause__ or exc.__context__
     text = "\n".join(chain)
     assert "linear kernel exploded" in text and "hasattr" not in text, text
+
+
+# -- a matcher that raises on modules other than its target (mistaken_plugins.CarelessMatcher) ------------------------
+
+def test_a_raising_matcher_is_one_report_row_with_its_traceback_kept(caplog):
+    import logging
+    import warnings
+
+    import mistaken_plugins
+    from kernels_core.testing import tiny_causal_lm
+
+    pm = fresh_plugin_manager((mistaken_plugins.CarelessMatcher(), "acme"))
+    model = tiny_causal_lm("llama")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG, logger="kernels_core"):
+        warnings.simplefilter("always")
+        kernels_core.kernelize(model, plugin_manager=pm, mode=kernels_core.Mode.INFERENCE)
+    report = kernels_core.get_report(model)
+    rows = [e for e in report.entries if e.kind == "fc_mlp"]
+    assert len(rows) == 1 and rows[0].module == "" and "match_fc_mlp raised AttributeError" in rows[0].reason
+    assert f"of {len(report.entries) - 1} matched modules" in report.summary()
+    # Public names only: the warning is the user's (this file), its class kernels_core's.
+    (warning,) = [w for w in caught if "fc_mlp" in str(w.message)]
+    assert warning.filename == __file__ and warning.category.__module__ == "kernels_core"
+    assert any(r.exc_info and r.name == "kernels_core" and "fc_mlp" in r.getMessage() for r in caplog.records)
+    with pytest.raises(kernels_core.KernelizeError) as raised:
+        kernels_core.kernelize(tiny_causal_lm("llama"), plugin_manager=pm, strict=True,
+                               mode=kernels_core.Mode.INFERENCE)
+    assert isinstance(raised.value.__cause__, AttributeError)
+    assert type(raised.value).__module__ == "kernels_core" and kernels_core.PluginError.__module__ == "kernels_core"

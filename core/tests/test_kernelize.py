@@ -93,8 +93,10 @@ def test_config_pin_overrides_priority_and_bad_pin_raises_with_alternatives(two_
     model = tiny_causal_lm("llama")
     before = _snapshot(model)
     bad = {"kinds": {"rms_norm": {"prefer": {"cpu": ["nope.rms_norm"]}}}}
-    with pytest.warns(kernels_core.ConfigWarning, match=r"'nope\.rms_norm' matches no installed kernel"), \
-            pytest.raises(KernelizeError, match=r"nope\.rms_norm: no such kernel.*high\.rms_norm"):
+    # A list naming no installed kernel is one configuration error, with its source and the closest installed id.
+    with pytest.raises(kernels_core.ConfigError, match=r"^config argument: kinds\.rms_norm\.prefer\.cpu: "
+                                                       r"'nope\.rms_norm' matches no installed kernel; did you mean "
+                                                       r"'low\.rms_norm'\?"):
         kernels_core.kernelize(model, mode=Mode.INFERENCE, config=bad, plugin_manager=two_pm)
     assert _snapshot(model) == before
 

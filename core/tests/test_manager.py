@@ -13,8 +13,10 @@ from kernels_core import KernelSpec
 from kernels_core import KernelsPluginManager
 from kernels_core import Mode
 from kernels_core import PluginError
+from kernels_core import PluginStatus
 from kernels_core import Supports
 from kernels_core import hookimpl
+from kernels_core.testing import fresh_plugin_manager
 
 
 def _install_distribution(root, dist_name, version, module_name, source, entry_name):
@@ -190,7 +192,8 @@ def test_duplicate_ids_and_equal_priorities_are_reported(caplog):
         kernels = pm.kernels()
     assert [(k.spec.id, k.plugin.name) for k in kernels] == [("beta.k", "beta"), ("dup.k", "alpha")] or \
         [(k.spec.id, k.plugin.name) for k in kernels] == [("dup.k", "alpha"), ("beta.k", "beta")]
-    assert any("'dup.k' declared by 'alpha' and 'beta'" in c for c in pm.conflicts)
+    assert any("kernel id 'dup.k' is declared by plugins 'alpha' (priority 7), 'beta' (priority 3); 'alpha''s"
+               in c for c in pm.conflicts)
     assert any("both declare priority 7" in c for c in pm.conflicts)
 
 
@@ -456,3 +459,53 @@ def test_kernel_for_a_backend_no_plugin_detects_is_listed(capsys):
                                                        "detail": "no npu device detected (no torch_npu)"}]
     finally:
         manager_module.reset_plugin_manager(previous)
+
+
+# -- declaration mistakes of a third-party author (mistaken_plugins.py): named, narrow, raised when strict -----------
+
+def _lenient(*plugins):
+    pm = fresh_plugin_manager(*plugins)
+    pm.strict = False
+    pm.invalidate()
+    return pm
+
+
+def test_a_misspelt_api_attribute_warns_with_the_right_name(caplog):
+    import mistaken_plugins
+
+    pm = _lenient((mistaken_plugins.MisspeltApi(), "acme"))
+    with caplog.at_level(logging.WARNING, logger="kernels_core"):
+        pm.kernels()
+    reason = pm.info("acme").reason
+    assert "unknown attribute 'KERNELS_CORE_PLUGIN_APl' (did you mean 'KERNELS_CORE_PLUGIN_API'?)" in reason
+    assert any("KERNELS_CORE_PLUGIN_APl" in r.getMessage() and r.name == "kernels_core" for r in caplog.records)
+    with pytest.raises(PluginError, match="KERNELS_CORE_PLUGIN_APl"):
+        fresh_plugin_manager((mistaken_plugins.MisspeltApi(), "acme")).kernels()
+
+
+def test_a_misspelt_kernel_spec_field_rejects_that_kernel_alone_naming_it_and_the_field():
+    import mistaken_plugins
+
+    pm = _lenient((mistaken_plugins.MisspeltField(), "acme"))
+    assert pm.info("acme").status == PluginStatus.LOADED
+    assert "acme.rms_norm.ok" in {k.spec.id for k in pm.kernels()}
+    ((spec, info, reason),) = pm.rejected_kernels()
+    assert spec.id == "acme.rms_norm.typo" and info.name == "acme"
+    assert "KernelSpec has no field 'prority' (did you mean 'priority'?)" in reason
+    with pytest.raises(PluginError, match=r"acme.rms_norm.typo.*'prority'"):
+        fresh_plugin_manager((mistaken_plugins.MisspeltField(), "acme")).kernels()
+    with pytest.raises(TypeError, match=r"kernel 'x.y': KernelSpec has no field 'prority' \(did you mean"):
+        KernelSpec(id="x.y", kind="rms_norm", variants=("standard",), backend="any", impl="a:b", prority=1)
+
+
+def test_a_kernel_id_conflict_goes_by_priority_is_told_to_both_and_raises_when_strict():
+    import mistaken_plugins
+
+    pm = _lenient((mistaken_plugins.Ok(), "acme"), (mistaken_plugins.IdThief(), "zeta"))
+    (kernel,) = [k for k in pm.kernels() if k.spec.id == "acme.rms_norm.ok"]
+    assert kernel.plugin.name == "zeta" and kernel.spec.priority == 500
+    ((spec, info, reason),) = pm.rejected_kernels()
+    assert info.name == "acme" and "'zeta''s (the highest priority) is used instead of this one" in reason
+    assert any("'acme' (priority 100), 'zeta' (priority 500)" in c for c in pm.conflicts)
+    with pytest.raises(PluginError, match="acme.rms_norm.ok"):
+        fresh_plugin_manager((mistaken_plugins.Ok(), "acme"), (mistaken_plugins.IdThief(), "zeta")).kernels()

@@ -31,8 +31,11 @@ def test_ref_problems_are_found_and_located_without_importing(tmp_path, monkeypa
     package = tmp_path / "demo_unimported"
     package.mkdir()
     (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
-    (package / "ops.py").write_text("raise RuntimeError('must not be imported')\n")
+    (package / "ops.py").write_text("raise RuntimeError('must not be imported')\n\n\ndef f():\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert locate_problem("demo_unimported.ops:f") is None
+    # The module's source is read for the attribute, still without running it.
+    assert locate_problem("demo_unimported.ops:g") == (
+        "module 'demo_unimported.ops' has no attribute 'g' (its source defines, assigns or imports none)")
     assert locate_problem("demo_unimported.nope:f") == "module 'demo_unimported.nope' not found"
     assert "demo_unimported" not in sys.modules

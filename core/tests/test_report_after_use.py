@@ -150,6 +150,19 @@ def test_unkernelizing_part_of_a_model_shows_in_the_report(ref_pm, calls):
     assert calls == _expected_calls(now)
 
 
+def test_layers_compiled_in_place_after_kernelize_keep_their_report(ref_pm, calls):
+    # The FSDP2 recipe: kernelize, then each decoder layer replaced by torch.compile(layer), whose forward calls the
+    # kernelized layer. The report looks through the wrapper; the kernels bound on the layer itself still run.
+    model = tiny_causal_lm("llama")
+    kernels_core.kernelize(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, plugin_manager=ref_pm)
+    before = kernels_core.get_report(model).entries
+    assert any(e.module == "model.layers.0" and e.applied for e in before), "a kernel bound on the layer itself"
+    layers = model.model.layers
+    for index, layer in enumerate(layers):
+        layers[index] = torch.compile(layer)
+    assert kernels_core.get_report(model).entries == before
+
+
 # --- Dtype conversions after kernelize ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", [Mode.TRAINING, Mode.INFERENCE], ids=["training", "inference"])
@@ -255,6 +268,48 @@ def test_half_precision_falls_back_only_where_the_kernel_does_not_declare_it(cal
     expected, _ = _step(eager, Mode.INFERENCE)
     assert out.dtype == dtype
     assert_close(out, expected, what=f"{name} logits")
+
+
+def test_a_kernel_returning_another_dtype_after_a_conversion_falls_back_instead_of_crashing():
+    # mistaken_plugins.Float32Out: right in float32, where kernelize checked it; on bfloat16 parameters it returns
+    # float32, which the next bfloat16 Linear refuses ("expected m1 and m2 to have the same dtype").
+    import mistaken_plugins
+
+    pm = fresh_plugin_manager((mistaken_plugins.Float32Out(), "acme"))
+    model = tiny_causal_lm("llama")
+    eager = copy.deepcopy(model).to(torch.bfloat16)
+    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=pm)
+    norms = [e.module for e in kernels_core.get_report(model).applied if e.kernel == "acme.rms_norm.f32"]
+    assert norms
+    model.to(torch.bfloat16)
+    with pytest.warns(KernelFallbackWarning) as record:
+        out, _ = _step(model, Mode.INFERENCE)
+        _step(model, Mode.INFERENCE)
+    assert _fallback_warnings(record) == Counter({"acme.rms_norm.f32": 1})
+    message = str(record[0].message)
+    assert "returns float32" in message and "bfloat16" in message
+    now = kernels_core.get_report(model)
+    assert [e.module for e in now.entries if e.fell_back] == norms
+    assert all("returns float32" in e.reason for e in now.entries if e.fell_back)
+    expected, _ = _step(eager, Mode.INFERENCE)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, expected, what="bfloat16 logits")
+
+
+def test_a_kernel_keeping_the_dtype_after_a_conversion_keeps_running(calls):
+    # The same conversion with a kernel that follows its input's dtype: checked once, then it runs, silently.
+    model = tiny_causal_lm("llama")
+    kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=fresh_plugin_manager(
+        (reference_plugin, "reference")))
+    report = kernels_core.get_report(model)
+    model.to(torch.bfloat16)
+    calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        _step(model, Mode.INFERENCE)
+        _step(model, Mode.INFERENCE)
+    assert calls == Counter({k: 2 * n for k, n in _expected_calls(report).items()}) and calls
+    assert kernels_core.get_report(model) is report
 
 
 # --- torch.compile -----------------------------------------------------------------------------------------------

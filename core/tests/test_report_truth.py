@@ -110,12 +110,19 @@ def test_every_reported_kernel_runs_where_the_report_says(family, mode, ref_pm, 
         with torch.no_grad():
             model(input_ids=ids, labels=ids)
 
-    assert dict(counts) == dict(claimed), (
+    # packed_attention's kernels run on the calls whose mask is causal per document (packed rows): checked with
+    # such a row below, left out of this call's count.
+    packed = Counter((e.module, e.kernel) for e in report.applied if e.kind == "packed_attention")
+    assert dict(counts) == dict(claimed - packed), (
         f"{family} ({mode}): kernel calls per (module, kernel) differ from the report\n"
-        f"ran but not reported: {sorted(set(counts) - set(claimed))}\n"
-        f"reported but never ran: {sorted(set(claimed) - set(counts))}\n{report}"
+        f"ran but not reported: {sorted(set(counts) - set(claimed - packed))}\n"
+        f"reported but never ran: {sorted(set(claimed - packed) - set(counts))}\n{report}"
     )
-    ran = Counter(kernel for _, kernel in counts)
+    counts.clear()
+    with torch.no_grad():  # two documents a row, restarting position ids, no cache: transformers masks per document
+        model(input_ids=ids, position_ids=torch.tensor([0, 1, 2, 0, 1, 2, 3]).expand(2, -1))
+    assert {key: n for key, n in counts.items() if key in packed} == dict(packed), f"{family}: {report}"
+    ran = Counter(kernel for _, kernel in claimed)
     assert report.summary().endswith("[" + ", ".join(f"{k} x{n}" for k, n in sorted(ran.items())) + "]")
     assert not forwards, f"{family}: modules reported as covered ran their own forward: {dict(forwards)}"
 

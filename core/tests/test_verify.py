@@ -68,7 +68,10 @@ def test_a_global_kernel_with_the_wrong_output_is_declined_and_its_modules_keep_
     assert len(rows) == 2 and all(e.kernel is None for e in rows)
     assert all("wrong.rotary.swapped: output check failed: on the probe's inputs the output 0 has shape "
                "(1, 1, 5, 12), where the module's own forward gives (1, 2, 5, 12)" in e.reason for e in rows)
-    assert all("forward" not in model.model.layers[i].self_attn.__dict__ for i in (0, 1))
+    # Other kinds may reroute the attention's forward (packed_attention); none of its kernels is the rejected one.
+    for i in (0, 1):
+        bound = model.model.layers[i].self_attn.__dict__.get("forward")
+        assert bound is None or "wrong.rotary.swapped" not in bound.kernel_ids
 
 
 def test_only_kernels_that_run_cheaply_and_safely_at_kernelize_are_checked_off_the_cpu():

@@ -83,3 +83,27 @@ def test_traced_residual_calls_defer_to_the_triton_adapter(chosen, monkeypatch, 
     monkeypatch.setattr(_ops, "is_compiling", lambda: True)
     _call(8, 64, grad=grad, residual=True)
     assert chosen == ["triton"]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_public_thresholds_move_the_crossover(chosen, grad):
+    from kernels_cuda import ops
+
+    name = "min_elements_with_grad" if grad else "min_elements"
+    previous = ops.set_rms_norm_thresholds(**{name: 0})
+    try:
+        _call(8, 64, grad=grad)
+        assert ops.rms_norm_thresholds()._asdict()[name] == 0
+    finally:
+        ops.set_rms_norm_thresholds(**previous._asdict())
+    _call(8, 64, grad=grad)
+    assert chosen == ["triton", "native"]
+    assert ops.rms_norm_thresholds() == previous
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_public_thresholds_refuse_non_counts(value):
+    from kernels_cuda import ops
+
+    with pytest.raises(ValueError, match="non-negative int"):
+        ops.set_rms_norm_thresholds(min_elements=value)

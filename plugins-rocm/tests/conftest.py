@@ -27,6 +27,22 @@ def _clean_env(monkeypatch, tmp_path):
     isolate_environment(monkeypatch, tmp_path)
 
 
+def _import_device_probing_modules() -> None:
+    """Import, on the real torch, the modules that query the device when imported.
+
+    transformers' modeling code imports its quantizers, which import torchao where it is installed; torchao calls
+    ``torch.utils._triton.has_triton()`` at import, which asks the CUDA device interface for the current device's
+    properties once ``torch.cuda.is_available()`` says True. Under a simulated build that reaches the real CPU-only
+    torch ("Torch not compiled with CUDA enabled"), and a value computed then would stay in has_triton's
+    process-wide cache. Importing them first gives them the real build, as in a process where they are imported
+    before any device is used.
+    """
+    try:
+        import transformers.modeling_utils  # noqa: F401
+    except ImportError:
+        return
+
+
 @pytest.fixture
 def simulate(monkeypatch) -> Callable[..., None]:
     """Make the real torch look like a ROCm, CUDA or CPU-only build with the given devices.
@@ -38,6 +54,7 @@ def simulate(monkeypatch) -> Callable[..., None]:
     def install(build: str, devices: list[tuple[str, object]], *, broken: bool = False,
                 available: bool = True) -> None:
         assert build in ("rocm", "cuda", "cpu")
+        _import_device_probing_modules()
         monkeypatch.setattr(torch.version, "hip", "6.4.43482-0f2d60242" if build == "rocm" else None)
         monkeypatch.setattr(torch.version, "cuda", "12.8" if build == "cuda" else None)
 

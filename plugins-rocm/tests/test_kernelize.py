@@ -60,8 +60,10 @@ def test_cdna_gets_fused_triton_kernels_and_native_norms(simulate, pm, device):
         "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
         "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
-        # Device-independent: the compiled causal mask (core portable kernel).
+        # Device-independent: the compiled causal mask and packed rows' per-document attention (core portable
+        # kernels; kernels-rocm leaves packed_attention out of its native family, NATIVE_EXCLUDED).
         "causal_mask": {"any.causal_mask.sdpa_is_causal"},
+        "packed_attention": {"any.packed_attention.per_document"},
     }
     assert _chosen(_kernelized("qwen3_moe", pm))["moe_experts"] == {"rocm.moe_experts.liger"}
 
@@ -93,8 +95,10 @@ def test_unsupported_arch_falls_back_to_native_and_portable_kernels(simulate, pm
         "silu_gated_mlp": {"rocm.silu_gated_mlp.torch"},
         "rotary_embedding": {"rocm.rotary_embedding.torch"},
         "causal_lm_loss": {"any.causal_lm_loss.chunked"},
-        # Device-independent: the compiled causal mask (core portable kernel).
+        # Device-independent: the compiled causal mask and packed rows' per-document attention (core portable
+        # kernels; kernels-rocm leaves packed_attention out of its native family, NATIVE_EXCLUDED).
         "causal_mask": {"any.causal_mask.sdpa_is_causal"},
+        "packed_attention": {"any.packed_attention.per_document"},
     }
     (reason,) = _reasons(_kernelized("qwen3_moe", pm), "moe_experts")
     assert "architecture unsupported: device is gfx906" in reason
@@ -128,8 +132,10 @@ def test_torch_compile_mode_gets_compile_safe_kernels(simulate, pm):
         "silu_gated_mlp": {"rocm.silu_gated_mlp.triton"},
         "rotary_embedding": {"rocm.rotary_embedding.triton"},
         "causal_lm_loss": {"rocm.causal_lm_loss.liger"},
-        # Device-independent: the compiled causal mask (core portable kernel).
+        # Device-independent: the compiled causal mask (core portable kernel). packed_attention declines under
+        # torch.compile (it reads the documents off the mask on the host).
         "causal_mask": {"any.causal_mask.sdpa_is_causal"},
+        "packed_attention": {None},
     }
 
 

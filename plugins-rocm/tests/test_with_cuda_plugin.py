@@ -8,6 +8,8 @@ skipped where kernels-cuda is not installed (the ``tests(vendor='rocm')`` nox se
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
+
 import pytest
 
 
@@ -19,7 +21,6 @@ from kernels_core import get_report  # noqa: E402
 from kernels_core import kernelize  # noqa: E402
 from kernels_core.testing import fresh_plugin_manager  # noqa: E402
 from kernels_core.testing import tiny_causal_lm  # noqa: E402
-from kernels_cuda import _plugin as cuda_plugin  # noqa: E402
 from kernels_rocm import _plugin as rocm_plugin  # noqa: E402
 from rocm_testing import H100  # noqa: E402
 from rocm_testing import MI300X  # noqa: E402
@@ -27,6 +28,9 @@ from rocm_testing import RX7900  # noqa: E402
 
 
 FAMILIES = ["llama", "gemma", "qwen3_moe"]
+# kernels-cuda's plugin module as kernels-core finds it, through its installed entry point: the module itself is
+# private to kernels-cuda.
+cuda_plugin = next(ep for ep in entry_points(group="kernels_core.plugins") if ep.name == "cuda").load()
 
 
 @pytest.fixture(params=["rocm-first", "cuda-first"])

@@ -94,7 +94,7 @@ def row_where(data: dict, **match: object) -> dict:
 
 MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
                 "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
-                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)"}
+                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)", "llama-3.1-8b": "Llama-3.1-8B shape (32 layers)"}
 
 
 # The published depth of the shapes above that are cut to fewer layers.

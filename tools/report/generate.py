@@ -125,6 +125,24 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 f"({peak[variant]:.1f} GiB{each})", commit_of(data),
                 label=f"{label.format(**where)} ({short_device(data)})")
     for stem, data in results.items():
+        if not stem.startswith("packing-"):
+            continue
+        rows = {(r.get("layout"), r.get("variant")): r for r in data.get("rows", ()) if r.get("tokens_per_s")}
+        packed, mixed = rows.get(("packed", "kernelize")), rows.get(("mixed", "kernelize"))
+        if packed and packed.get("speed_vs_eager") and packed.get("speed_vs_unpacked"):
+            add(stem, "Packed rows (4 documents of 2,048 tokens in one row, per-document attention), Qwen3-0.6B "
+                "shape: kernelize", "eager, same packed rows / kernelize, unpacked", packed["speed_vs_eager"],
+                f"**{packed['speed_vs_eager']:.2f}x** / {packed['speed_vs_unpacked']:.2f}x "
+                f"({thousands(packed['tokens_per_s'])} tok/s)",
+                f"{packed['peak_vs_eager']:.2f}x / {packed['peak_vs_unpacked']:.2f}x ({packed['peak_GiB']:.1f} GiB)",
+                commit_of(data), label=f"Packed rows, Qwen3-0.6B ({short_device(data)}) vs eager packed")
+        if mixed and mixed.get("speed_vs_padded"):
+            add(stem, "Documents of 64-4,096 tokens packed in one row, Qwen3-0.6B shape: kernelize",
+                "kernelize, the same documents padded", mixed["speed_vs_padded"],
+                f"**{mixed['speed_vs_padded']:.2f}x** ({thousands(mixed['tokens_per_s'])} real tok/s)",
+                f"{mixed['peak_vs_padded']:.2f}x ({mixed['peak_GiB']:.1f} GiB)", commit_of(data),
+                label=f"Mixed-length packing, Qwen3-0.6B ({short_device(data)}) vs padded")
+    for stem, data in results.items():
         if not (stem.startswith("fp8-accuracy") and data.get("summary")):
             continue
         for variant, summary in data["summary"].items():
@@ -393,6 +411,23 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
     return out
 
 
+# How models_bench and distributed_bench compute a row's floor (benchmarks/cuda/floor.py holds the details).
+FLOOR_METHOD = (
+    "`models_bench.py` and `distributed_bench.py` give each dense row `floor_ms`, the step's time if every part ran "
+    "at the speed this machine reaches for that part alone, and `floor_fraction`, the floor over the measured step. "
+    "The parts, timed in the same run on the same GPU: every linear layer's forward, input-gradient and "
+    "weight-gradient GEMM (decoder projections and `lm_head`) with cuBLAS at its exact shape (`torch.mm` in bf16, "
+    "`torch._scaled_mm` for FP8 projections); attention as transformers' sdpa path calls "
+    "`scaled_dot_product_attention`, forward and backward, on the backend PyTorch picks for it (causal with "
+    "grouped KV heads; Gemma-3's sliding-window layers with their mask); the memory-bound work (RMSNorms, residual "
+    "adds, rotary embeddings, the gated activation, the embedding, the loss, FP8 casts) at the fewest bytes each "
+    "must move, and AdamW's seven parameter-sized tensors, both at the bandwidth of a 1 GiB device copy; under "
+    "FSDP2 the exposed part of the measured all-gathers and reduce-scatters of each unit. Activation "
+    "checkpointing counts the decoder layers' forward twice. With `--profile` a row also says where the rest goes: "
+    "`gpu_idle_ms` (the step's time with no kernel running, the host's share) and `kernels_above_floor_ms`. MoE "
+    "shapes are not modelled (the experts' grouped GEMMs depend on the routing) and their rows say so.")
+
+
 def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     """The benchmarks page: headline, per-benchmark tables, charts, and an inventory of every results file."""
     parts = ["# Benchmarks", "",
@@ -413,9 +448,9 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     for stem, data in results.items():
         if stem.startswith("distributed-") and (data.get("runs") or data.get("variants")):
             parts += distributed_section(stem, data, chart_dir)
-    for stem in ("moe-h100", "gemma-h100"):
-        if stem in results:
-            parts += models_section(stem, results[stem], chart_dir)
+    for stem, data in results.items():
+        if stem in ("moe-h100", "gemma-h100") or (stem.startswith("models-") and data.get("rows")):
+            parts += models_section(stem, data, chart_dir)
     if "decode-h100" in results:
         parts += decode_section(results["decode-h100"], chart_dir)
     bindings = {row["model"]: row["binding"] for row in results.get("decode-h100", {}).get("rows", ())
@@ -436,6 +471,7 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
             if chart_dir is not None and len(rows) > 1:
                 parts += [f"![{stem} throughput]({chart_dir}/{stem}-throughput.svg)",
                           f"![{stem} memory]({chart_dir}/{stem}-memory.svg)", ""]
+    parts += ["## Floor accounting", "", FLOOR_METHOD, ""]
     parts += ["## Every results file", "",
               markdown_table(("file", "device", "date", "commit"),
                              ((f"`{stem}.json`", long_device(data), date_of(data), commits_of(data))

@@ -134,6 +134,18 @@ def models_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
                               f"{row['first_step_s']:.1f}" if row.get("first_step_s") else "-",
                               f"{row['to_first_step_s']:.1f}" if row.get("to_first_step_s") is not None else "-")
                              for row in data["rows"])), ""]
+    floored = [row for row in data["rows"] if row.get("floor_fraction") is not None]
+    if floored:
+        parts += ["The step's floor from measured parts (`benchmarks/cuda/floor.py`, see "
+                  "[Floor accounting](#floor-accounting)), in ms:", "",
+                  markdown_table(("model", "variant", "step", "floor", "floor / step", "GEMMs", "attention",
+                                  "memory-bound", "FP8 casts", "AdamW", "GPU idle"),
+                                 ((row["model"], f"`{row['variant']}`", f"{row['step_ms']:.1f}",
+                                   f"{row['floor_ms']:.1f}", f"{row['floor_fraction']:.0%}",
+                                   *(f"{row['floor']['breakdown_ms'][key]:.1f}" for key in
+                                     ("gemm", "attention", "memory_bound", "fp8_casts", "optimizer")),
+                                   f"{row['gpu_idle_ms']:.1f}" if row.get("gpu_idle_ms") is not None else "-")
+                                  for row in floored)), ""]
     # Only where there are expert GEMMs to set apart (MoE shapes).
     profiled = [row for row in data["rows"] if row.get("profile_one_step")
                 and any("GroupProblem" in k["kernel"] for k in row["profile_one_step"])]

@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+# Errors and warnings print their class by module: users catch and filter them as kernels_core.<Name>, so that is
+# the name tracebacks and warnings show, never the private module that defines them.
+for _public in (ConfigError, ConfigWarning, KernelFallbackWarning, KernelizeError, PluginError):
+    _public.__module__ = __name__
+del _public
+
 __all__ = [
     "BackendInfo",
     "Binding",

@@ -17,6 +17,7 @@ from . import list_plugins
 from ._check import DEFAULT_COMPILE_BACKEND
 from ._hints import did_you_mean
 from ._manager import get_plugin_manager
+from ._plugin_info import KernelProblem
 from ._report import format_table
 from ._types import Supports
 from ._types import device_name
@@ -92,7 +93,7 @@ def _kernels(args: argparse.Namespace) -> int:
                      dtypes, plugin.name, status))
     for spec, plugin, _reason in rejected:
         rows.append((spec.id, spec.kind, ",".join(spec.variants), spec.backend, str(spec.priority), "-", "-",
-                     plugin.name, "rejected"))
+                     plugin.name, str(KernelProblem.REJECTED)))
     print(format_table(("kernel", "kind", "variants", "backend", "priority", "modes", "dtypes", "plugin", "status"),
                        rows))
     for spec, plugin in kernels:
@@ -144,6 +145,10 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(report.table())
         print(report.summary())
+        for result in report.results if args.traceback else ():
+            if result.traceback:
+                print(f"\n{result.kernel} ({result.plugin}), {result.dtype}, {result.case}:\n{result.traceback}",
+                      end="")
     return 0 if report.ok else 1
 
 
@@ -188,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="check only these plugins' kernels (default: every installed plugin)")
             command.add_argument("--kernel", action="append", metavar="ID",
                                  help="check only this kernel id (repeatable)")
+            command.add_argument("--traceback", action="store_true",
+                                 help="print the traceback of each exception raised in plugin code (--json always "
+                                      "includes them)")
             command.add_argument("--no-compile", action="store_true",
                                  help="skip the torch.compile(fullgraph=True) runs of compile-safe kernels")
             command.add_argument("--compile-backend", default=DEFAULT_COMPILE_BACKEND, metavar="BACKEND",

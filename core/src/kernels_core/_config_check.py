@@ -5,14 +5,14 @@ layer kinds, kernel ids, plugin names, backend keys of ``prefer`` and option nam
 shared between machines with different plugins, so a name that matches nothing installed warns
 (:class:`~kernels_core.ConfigWarning`) with the closest installed names and its source, unknown layer kinds
 included, whatever ``strict`` says (``strict`` is about kernels, not names); a warnings filter makes them errors.
-Option names a known kind does not declare and option values of the wrong type always raise.
+Option names a known kind does not declare, option values of the wrong type, and a ``prefer`` list for a backend
+installed here that names no installed kernel of its kind (kernelize could not honour it) always raise.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,6 +21,7 @@ from pathlib import Path
 from ._config import ConfigError
 from ._config import ConfigWarning
 from ._config import KernelsConfig
+from ._hints import user_stacklevel
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
 from ._manager import KernelsPluginManager
@@ -42,7 +43,8 @@ class ConfigProblem:
         source: where the name was set: a file path, an environment variable or ``config argument``.
         key: the dotted key that holds it (``kinds.rms_norm.disable``); empty for an environment variable.
         message: what is wrong and the closest valid names.
-        error: always raises (undeclared option, wrong option type); otherwise it warns.
+        error: always raises (undeclared option, wrong option type, a preference that cannot be honoured);
+            otherwise it warns.
     """
 
     source: str
@@ -117,8 +119,8 @@ class _Collector:
     def add_env(self, source: str, message: str) -> None:
         self.problems.append(ConfigProblem(source, "", message))
 
-    def unknown_kernel(self, path: tuple[str, ...], kernel_id: str, kind: str | None, *, plugins_too: bool = False
-                       ) -> None:
+    def unknown_kernel(self, path: tuple[str, ...], kernel_id: str, kind: str | None, *, plugins_too: bool = False,
+                       error: bool = False, why: str = "") -> None:
         installed = self.installed
         pool = installed.ids_of_kind(kind) if kind else list(installed.kernels)
         what = f"kernel ids of kind {kind}" if kind else "kernel ids"
@@ -130,7 +132,7 @@ class _Collector:
         message += f"; {_closest(kernel_id, pool, what)}"
         if installed.not_loaded:
             message += f" (plugins {list(installed.not_loaded)} did not load, so their kernels are not known)"
-        self.add(path, message)
+        self.add(path, message + why, error=error)
 
     def plugin_names(self, names: Iterable[str], path: tuple[str, ...] = (), *, source: str | None = None
                      ) -> None:
@@ -189,14 +191,23 @@ def config_problems(config: KernelsConfig, pm: KernelsPluginManager) -> list[Con
             if backend not in installed.backends:
                 out.add(path, f"backend {backend!r} is not declared by any installed plugin; "
                               f"{_closest(backend, installed.backends, 'backends')}")
-            for kernel_id in kind_config.prefer[backend]:
+            listed = kind_config.prefer[backend]
+            # Where this machine has the backend and not one listed id is a kernel of the kind, kernelize cannot
+            # honour the preference, so the names are an error here, not "ignored": the message names the ids, the
+            # closest installed ones and the source. An id among installed ones is skipped, and only warns.
+            unusable = backend in installed.backends and not any(
+                installed.kernels.get(kernel_id, ("",))[0] == kind_name for kernel_id in listed)
+            why = (f"; none of kinds.{kind_name}.prefer.{backend} is an installed kernel of kind {kind_name}, so "
+                   "kernelize cannot honour it") if unusable else ""
+            for kernel_id in listed:
                 if kernel_id not in installed.kernels:
-                    out.unknown_kernel(path, kernel_id, kind_name)
+                    out.unknown_kernel(path, kernel_id, kind_name, error=unusable, why=why)
                     continue
                 kind, runs_on = installed.kernels[kernel_id]
                 if kind != kind_name:
                     out.add(path, f"kernel {kernel_id!r} implements kind {kind!r}, never {kind_name!r}; "
-                                  f"{_closest(kernel_id, installed.ids_of_kind(kind_name), 'kernel ids')}")
+                                  f"{_closest(kernel_id, installed.ids_of_kind(kind_name), 'kernel ids')}{why}",
+                            error=unusable)
                 elif backend != ANY_BACKEND and runs_on not in (ANY_BACKEND, backend):
                     out.add(path, f"kernel {kernel_id!r} runs on backend {runs_on!r}, so modules on {backend!r} "
                                   "can never use it")
@@ -242,24 +253,14 @@ def check_config(config: KernelsConfig, pm: KernelsPluginManager) -> list[Config
         ...              fresh_plugin_manager())
         Traceback (most recent call last):
         ...
-        kernels_core._config.ConfigError: config argument: kinds.rms_norm.options.x: unknown option 'x' for kind ...
+        kernels_core.ConfigError: config argument: kinds.rms_norm.options.x: unknown option 'x' for kind ...
     """
     problems = list(dict.fromkeys(config_problems(config, pm)))
     fatal = [p for p in problems if p.error]
     if fatal:
         raise ConfigError(str(fatal[0]) if len(fatal) == 1 else (
             f"{len(fatal)} configuration problems:\n  " + "\n  ".join(str(p) for p in fatal)))
-    level = _stack_level()
+    level = user_stacklevel()
     for problem in problems:
         warnings.warn(f"{problem}; {_RELAX}", ConfigWarning, stacklevel=level)
     return problems
-
-
-def _stack_level() -> int:
-    """The ``stacklevel`` of the nearest frame outside this package (as seen from ``warnings.warn`` here)."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    return level

@@ -48,9 +48,11 @@ __all__ = [
     "ReroutedForward",
     "decorator_chain_problem",
     "rewrap",
+    "takes_base",
+    "tensors_in",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kernels_core")  # the package's one logger
 
 
 # A process-wide cache of objects that never change once made: the synthetic modules whose globals rerouted forwards
@@ -280,6 +282,25 @@ def rewrap(wrapper: Any, innermost: types.FunctionType) -> types.FunctionType:
     return rebuilt
 
 
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def tensors_in(value: object) -> list[Any]:
+    """The tensors in a forward's output: a tensor, or one inside tuples, lists and dicts (``ModelOutput``)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in tensors_in(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors_in(item)]
+    return []
+
+
 def _build_once(forward: _LazyForward) -> Callable[..., Any] | None:
     if forward._fn is None and forward._unresolved is None:
         try:
@@ -358,7 +379,7 @@ class _LazyForward(Persisted):
 
     # 0.1.0 saved _scoped and _variants too (a rerouted forward's call-fact variants, now in its callable).
     _transient = frozenset({"impl", "adapter", "_fn", "_globals", "_unresolved", "_dtypes", "_device_flag",
-                            "_preferred", "_scoped", "_variants"})
+                            "_preferred", "_scoped", "_variants", "_checked", "_unchecked", "_wrong_dtype"})
     module: Any
     module_name: str
     declared: tuple[Declared, ...]
@@ -372,6 +393,11 @@ class _LazyForward(Persisted):
         self.declared, self._probe_params, self._probe_name = (), None, ""
         self._fn, self._unresolved = None, None
         self._derive()
+
+    def _output_dtypes_checked(self, checked: set[Any], wrong: dict[Any, str]) -> None:
+        """Which parameter dtypes the kernels' output dtypes are known right for (``checked``), and where they are
+        known wrong, why (``wrong``): see ``_first_call_in``."""
+        self._checked, self._wrong_dtype = checked, wrong
 
     def guard(self, declared: tuple[Declared, ...], probe: tuple[Any, str] | None = None) -> None:
         """Check the kernels' ``declared`` dtypes and device type against the probe parameter (owner module, name)
@@ -391,6 +417,10 @@ class _LazyForward(Persisted):
         """
         self.declared = tuple(declared)
         self._probe_params, self._probe_name = (probe[0]._parameters, probe[1]) if probe is not None else (None, "")
+        # kernelize checked the kernels' outputs, dtype included, against the module's own forward on parameters
+        # of the dtype they have now; any other declared dtype is checked at its first call.
+        now = getattr(probe[0]._parameters.get(probe[1]), "dtype", None) if probe is not None else None
+        self._output_dtypes_checked({now} if now is not None else set(), {})
         self._derive()
 
     def _derive(self) -> None:
@@ -402,7 +432,12 @@ class _LazyForward(Persisted):
         common = set.intersection(*(set(d.dtypes) for d in declared)) if declared and not self._unresolved else set()
         # The parameter's dtype now first: the membership test usually ends at the first, identical, item.
         now = getattr((self._probe_params or {}).get(self._probe_name), "dtype", None)
-        self._dtypes = tuple(sorted((getattr(torch, dtype) for dtype in common), key=lambda d: d != now))
+        if "_checked" not in self.__dict__:  # a copy or a load: each dtype's first call checks the output
+            self._output_dtypes_checked(set(), {})
+        served = {getattr(torch, dtype) for dtype in common} - self._wrong_dtype.keys()
+        # Only dtypes whose output was checked take the fast path; the others are checked once, off it.
+        self._dtypes = tuple(sorted(served & self._checked, key=lambda d: d != now))
+        self._unchecked = frozenset(served - self._checked)
         device_type = next((d.device_type for d in declared if d.device_type is not None), None)
         flag = f"is_{device_type}"
         # A device type without a cheap ``is_`` flag (an out-of-tree backend) is not checked per call.
@@ -429,10 +464,13 @@ class _LazyForward(Persisted):
         dtype = str(probe.dtype).removeprefix("torch.")
         device_type = probe.device.type
         problems = []
+        wrong = self._wrong_dtype.get(probe.dtype)
         for declared in self.declared:
             if dtype not in declared.dtypes:
                 problems.append((declared, f"the module's parameters are {dtype} now, and {declared.kernel_id} "
                                            f"declares {', '.join(declared.dtypes)}"))
+            elif wrong is not None:
+                problems.append((declared, wrong))
             elif (self._device_flag is not None and declared.device_type is not None
                   and device_type != declared.device_type):
                 problems.append((declared, f"the module's parameters are on {device_type} now, and "
@@ -467,6 +505,48 @@ class _LazyForward(Persisted):
             warn_fallback(PluginInfo(name=declared.plugin, module=""), declared.kernel_id, cause,
                           _fallback_message(self, declared, cause))
 
+    def _first_call_in(self, dtype: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The first call since the parameters became ``dtype``, a declared dtype kernelize did not bind for (the
+        model was converted after kernelize): the kernels run, and their output must have the dtypes the module's
+        own forward gives, or the next layer fails on it ("expected m1 and m2 to have the same dtype"). Where it
+        has not, the module's own forward runs from now on for this dtype, with a warning, as for an undeclared
+        dtype.
+
+        Floating-point outputs in the parameters' dtype are taken as right without running anything else; only
+        where one differs (a kernel returning float32, or a float32 loss, which the module's own forward returns
+        too) does the module's own forward run once on the same arguments to compare. Its result is the call's
+        result where the kernel's is wrong, so the kernel's value is never used.
+        """
+        fn = self._fn if self._fn is not None else _built(self)
+        if fn is None:
+            return self._fall_back(args, kwargs)
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as exc:
+            _add_note(exc, self)
+            raise
+        found = [t.dtype for t in tensors_in(out) if t.is_floating_point()]
+        wrong = None
+        if any(d != dtype for d in found):
+            module = self.module
+            own = type(module).forward(module, *args, **kwargs)
+            expected = [t.dtype for t in tensors_in(own) if t.is_floating_point()]
+            if found != expected:
+                name = str(dtype).removeprefix("torch.")
+                returns = ", ".join(dict.fromkeys(str(d).removeprefix("torch.") for d in found))
+                gives = ", ".join(dict.fromkeys(str(d).removeprefix("torch.") for d in expected))
+                wrong = (f"the module's parameters are {name} now, a dtype kernelize did not bind for, and the kernel "
+                         f"returns {returns} where the module's own forward gives {gives}")
+                out = own
+        if wrong is None:
+            self._checked = self._checked | {dtype}
+        else:
+            self._wrong_dtype = {**self._wrong_dtype, dtype: wrong}
+        self._derive()
+        if wrong is not None:
+            self._note_fallback()
+        return out
+
     def _build(self) -> Callable[..., Any]:
         raise NotImplementedError
 
@@ -490,7 +570,13 @@ class _LazyForward(Persisted):
             probe = params.get(self._probe_name)
             if probe is not None and (probe.dtype not in self._dtypes or (
                     self._device_flag is not None and not getattr(probe, self._device_flag))):
-                return self._fall_back(args, kwargs)
+                if probe.dtype not in self._unchecked or (
+                        self._device_flag is not None and not getattr(probe, self._device_flag)):
+                    return self._fall_back(args, kwargs)
+                # A traced call cannot run the one-time comparison (nor keep its result): it runs the kernels
+                # unchecked, and an eager call checks them.
+                if not _compiling():
+                    return self._first_call_in(probe.dtype, args, kwargs)
         fn = self._fn
         if fn is None:
             fn = _built(self)
@@ -520,6 +606,8 @@ class _LazyForward(Persisted):
         # A kernel forward's code references come along here; a rerouted forward's overrides copy as themselves.
         clone.__dict__.update({key: getattr(self, key) for key in ("impl", "adapter") if key in self.__dict__})
         clone._fn, clone._unresolved = None, self._unresolved
+        # The same kernels on the same parameters: what their outputs were checked for still holds.
+        clone._output_dtypes_checked(set(self._checked), dict(self._wrong_dtype))
         clone._ready()
         return clone
 
@@ -669,8 +757,15 @@ class ReroutedForward(_LazyForward):
         ))
 
         def replacements() -> dict[str, Any]:
-            return {o.global_name: load_ref(o.adapter)(self.module, o.match, load_ref(o.impl), o.options)
-                    for o in self.overrides}
+            values: dict[str, Any] = {}
+            # An adapter that takes ``base`` wraps what another kind put in place of the same global (the packed-
+            # rows attention around the sliding-window one), so it is built after it; kernelize binds at most one
+            # adapter that does not per global.
+            adapters = sorted(((o, load_ref(o.adapter)) for o in self.overrides), key=lambda p: takes_base(p[1]))
+            for o, adapter in adapters:
+                chained = {"base": values[o.global_name]} if o.global_name in values else {}
+                values[o.global_name] = adapter(self.module, o.match, load_ref(o.impl), o.options, **chained)
+            return values
 
         namespace = _shared_namespace(key, base, replacements)
         names = [o.global_name for o in self.overrides if hasattr(namespace[o.global_name], "call_facts")]
@@ -699,6 +794,14 @@ class ReroutedForward(_LazyForward):
 
     def __repr__(self) -> str:
         return f"<kernels_core rerouted forward {', '.join(self.kernel_ids)} of {type(self.module).__name__}>"
+
+
+def takes_base(adapter: Callable[..., Any]) -> bool:
+    """Whether a global-target adapter composes with another kind's replacement of the same global (``base=``)."""
+    try:
+        return "base" in inspect.signature(adapter).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _shared_namespace(key: tuple[object, ...], base: types.FunctionType,

@@ -27,6 +27,7 @@ from ._forward import Declared
 from ._forward import GlobalOverride
 from ._forward import KernelForward
 from ._forward import ReroutedForward
+from ._forward import takes_base
 from ._kinds._context import MatchContext
 from ._kinds._context import module_device
 from ._kinds._context import param_dtype
@@ -167,7 +168,7 @@ def _validate_binding(binding: object, module_name: str, kernel_id: str, plugin:
 
 def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode,
           explicit: tuple[str, BackendInfo, DeviceInfo | None] | None
-          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str]]:
+          ) -> tuple[list[_ModulePlan], list[ReportEntry], list[ReportEntry], list[str], BaseException | None]:
     kinds = pm.layer_kinds()
     # Every name in the configuration is checked against what pm has: undeclared options raise, other names
     # (kinds, kernels, plugins, backends) warn, naming their source.
@@ -181,6 +182,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
     faults = PluginFaults()
     checks = KernelChecks(ctx, faults)
     matchers = {}
+    raised: dict[str, object] = {}
     unusable: list[ReportEntry] = []
     for name in sorted(kinds):
         if kinds[name].kind.opt_in and not any(config.kind(name).prefer.values()):
@@ -204,10 +206,10 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 verdict = Decline(kind_name, str(exc))
             except Exception as exc:  # noqa: BLE001 - uncertain means left alone, with the reason
                 owner = provided_kind.plugin
-                faults.matcher_raised(provided_kind, module_name, module, f"{type(exc).__name__}: {exc}")
-                verdict = Decline(kind_name, f"matcher {provided_kind.kind.matcher} of plugin {owner.name!r} "
-                                             f"(distribution {owner.distribution or 'unknown'}) raised "
-                                             f"{type(exc).__name__}: {exc}")
+                # One report row for the kind (below), not one per module: the modules were not matched.
+                faults.matcher_raised(provided_kind, module_name, module, f"{type(exc).__name__}: {exc}", exc)
+                raised.setdefault(kind_name, owner)
+                continue
             if verdict is None:
                 continue
             if isinstance(verdict, Match):
@@ -254,7 +256,7 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
             elif provided_kind.kind.target == "forward" and plan.globals:
                 clash = plan.globals[0].kernel.spec.id
             else:
-                clash = None
+                clash = _global_clash(plan.globals, provided_kind, verdict)
             if provided_kind.kind.target == "forward" and clash is None:
                 plan.forward = planned
             elif provided_kind.kind.target == "global" and clash is None:
@@ -269,7 +271,20 @@ def _plan(model: nn.Module, pm: KernelsPluginManager, config: KernelsConfig, mod
                 for inner in module.get_submodule(child).modules():
                     covered.setdefault(id(inner), (spec.id, module_name))
     faults.warn()
-    return list(plans.values()), entries, unmet, faults.strict_problems(config.strict_for)
+    messages = {fault.subject: message for fault, message in faults.messages()}
+    entries.extend(ReportEntry(module="", kind=name, variant=None, device=None, backend=None,
+                               reason=messages[f"kind:{name}"]) for name in raised if f"kind:{name}" in messages)
+    return (list(plans.values()), entries, unmet, faults.strict_problems(config.strict_for),
+            faults.first_error(config.strict_for))
+
+
+def _global_clash(planned: list[_Planned], kind: ProvidedKind, match: Match) -> str | None:
+    """The kernel already rerouting the same global in this module's forward that this kind cannot build on."""
+    if kind.kind.target != "global" or takes_base(load_ref(kind.kind.adapter)):
+        return None
+    name = match.params.get("global_name")
+    return next((p.kernel.spec.id for p in planned if p.match.params.get("global_name") == name
+                 and not takes_base(load_ref(p.kind.kind.adapter))), None)
 
 
 def _build_checked(checks: KernelChecks, module: nn.Module, name: str, kind: ProvidedKind, match: Match,
@@ -413,7 +428,7 @@ def kernelize(
         return model
     check_untouched(model, "kernelize")
     explicit = _explicit_target(device, pm.backends()) if device is not None else None
-    plans, entries, unmet, broken = _plan(model, pm, cfg, resolved_mode, explicit)
+    plans, entries, unmet, broken, cause = _plan(model, pm, cfg, resolved_mode, explicit)
     if unmet or broken:
         problems = []
         if broken:
@@ -421,7 +436,7 @@ def kernelize(
         if unmet:
             details = "; ".join(f"{e.module} ({e.kind}): {e.reason}" for e in unmet[:10])
             problems.append(f"{len(unmet)} matched module(s) got no kernel: {details}")
-        raise KernelizeError(f"strict kernelize: {'. '.join(problems)}")
+        raise KernelizeError(f"strict kernelize: {'. '.join(problems)}") from cause
     with Changes() as changes:
         for module in model.modules():
             unbind(changes, module)
@@ -540,6 +555,10 @@ def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], d
         module = model.get_submodule(name)
     except AttributeError:
         return "the module is no longer in the model", set(), {}
+    # torch.compile(module) put in its place (each decoder layer compiled, as FSDP2 recipes do) calls the module it
+    # wraps, ``_orig_mod``, whose binding then runs.
+    while BINDING_ATTR not in module.__dict__ and isinstance(module._modules.get("_orig_mod"), nn.Module):
+        module = module._modules["_orig_mod"]
     record = module.__dict__.get(BINDING_ATTR)
     if record is None:
         return ("its binding was removed since kernelize (unkernelize of a part of the model, or a copy of that "

@@ -23,6 +23,7 @@ from types import ModuleType
 import pluggy
 
 from ._config import env_flag
+from ._hints import did_you_mean
 from ._hookspec import API_ATTRIBUTE
 from ._hookspec import PLUGIN_API_VERSION
 from ._hookspec import PROJECT_NAME
@@ -62,7 +63,8 @@ __all__ = [
     "reset_plugin_manager",
 ]
 
-logger = logging.getLogger(__name__)
+# One logger for the package: what a user configures is `kernels_core`, never a private module.
+logger = logging.getLogger("kernels_core")
 
 ENTRY_POINT_GROUP = "kernels_core.plugins"
 ENV_ALLOW = "KERNELS_CORE_PLUGINS"
@@ -329,6 +331,7 @@ class KernelsPluginManager:
     def _fail(self, info: PluginInfo, reason: str, exc: BaseException | None = None) -> None:
         self._infos[info.name] = replace_info(info, status=PluginStatus.FAILED, reason=reason)
         message = f"kernels-core plugin {info.name!r} ({info.origin}) skipped: {reason}"
+        logger.debug("%s", message, exc_info=exc)
         if self.strict:
             raise PluginError(info.name, message) from exc
         logger.warning("%s (set %s=1 to raise instead)", message, ENV_STRICT)
@@ -371,6 +374,9 @@ class KernelsPluginManager:
             for plugin, value in declared:
                 if plugin in contributions:
                     getattr(contributions[plugin], slot).append(value)
+        for name in sorted(contributions):
+            for problem in _attribute_problems(self._pm.get_plugin(name)):
+                self._soft_problem(name, problem)
         for name in sorted(failed):
             contributions.pop(name, None)
             self._skip(name, *failed[name])
@@ -392,6 +398,8 @@ class KernelsPluginManager:
         """Skip a loaded plugin whole for this collection: warned (as a conflict for a clash), raised if strict."""
         self._infos[name] = replace_info(self._infos[name], status=PluginStatus.SKIPPED, reason=reason)
         message = f"kernels-core plugin {name!r} ({self._infos[name].origin}) skipped: {reason}"
+        if error is not None:
+            logger.debug("%s", message, exc_info=error)
         if clash:
             self._note_conflict(message)
         if self.strict:
@@ -419,6 +427,14 @@ class KernelsPluginManager:
         collected = self._ensure_collected()
         provided = [ProvidedKernel(s, self._infos[name]) for name, c in collected.items() for s in c.kernels]
         return sorted(provided, key=lambda p: (p.spec.kind, -p.spec.priority, p.plugin.name, p.spec.id))
+
+    def plugin_problems(self, name: str) -> list[str]:
+        """Problems of loaded plugin ``name`` that did not stop it and concern no single kernel (a hook returning
+        None, an unknown ``KERNELS_CORE_*`` attribute), for ``kernels-core check``."""
+        self._ensure_collected()
+        rejected = {f"kernel {spec.id!r} ignored: {reason}" for spec, info, reason in self._rejected
+                    if info.name == name}
+        return [problem for problem in self._soft_problems.get(name, []) if problem not in rejected]
 
     def rejected_kernels(self) -> list[tuple[KernelSpec, PluginInfo, str]]:
         """Kernels dropped from loaded plugins (a variant their kind lacks...), with the reason."""
@@ -505,6 +521,18 @@ class KernelsPluginManager:
             return None
         others = [other for _name, other in self._pm.list_name_plugin() if other is not plugin]
         return self._pm.subset_hook_caller("kernels_core_bind_kernel", remove_plugins=others)
+
+
+def _attribute_problems(plugin: object) -> list[str]:
+    """Module attributes named like kernels-core's but unknown to it (a misspelt ``KERNELS_CORE_PLUGIN_API`` would
+    otherwise leave the plugin on the default API version without a word)."""
+    known = (API_ATTRIBUTE,)
+    problems = []
+    for attr in dir(plugin):
+        if attr.startswith("KERNELS_CORE_") and attr not in known:
+            problems.append(f"unknown attribute {attr!r}{did_you_mean(attr, known)}, which kernels-core ignores; the "
+                            f"attributes it reads: {', '.join(known)}")
+    return problems
 
 
 _GLOBAL: KernelsPluginManager | None = None

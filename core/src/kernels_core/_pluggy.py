@@ -24,10 +24,13 @@ from typing import Any
 
 import pluggy
 
+from ._types import declaring
+
 
 __all__ = ["Fault", "IsolatingPluginManager"]
 
-logger = logging.getLogger(__name__)
+# One logger for the package: what a user configures is `kernels_core`, never a private module.
+logger = logging.getLogger("kernels_core")
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,13 @@ def _isolated(impl: pluggy.HookImpl, call: _Call) -> pluggy.HookImpl:
     @functools.wraps(function)
     def plain(*args: Any, **kwargs: Any) -> list[object] | None:
         try:
-            return call.declared(plugin, function(*args, **kwargs))
+            # A malformed KernelSpec built here is marked, not raised: the loader rejects that kernel alone.
+            with declaring():
+                result = function(*args, **kwargs)
+                return call.declared(plugin, result)
         except Exception as exc:  # noqa: BLE001 - one plugin's failure must not stop the others'
             call.faults.append(Fault(plugin, f"hook {call.hook} raised {type(exc).__name__}: {exc}", exc))
+            logger.debug("kernels-core plugin %r: hook %s raised", plugin, call.hook, exc_info=exc)
             return None
 
     @functools.wraps(function)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 
+from ._hints import user_stacklevel
 from ._types import BackendInfo
 from ._types import KernelSpec
 from ._types import LayerKind
@@ -64,7 +65,7 @@ def warn_fallback(plugin: PluginInfo, subject: str, cause: str, message: str) ->
         if key in _WARNED:
             return
         _WARNED.add(key)
-    warnings.warn(message, KernelFallbackWarning, stacklevel=3)
+    warnings.warn(message, KernelFallbackWarning, stacklevel=user_stacklevel())
 
 
 def recorded_fallbacks() -> dict[tuple[str, str], str]:
@@ -115,6 +116,7 @@ class KernelProblem(StatusEnum):
     CANNOT_RUN_HERE = "cannot run here"
     FELL_BACK = "fell back"
     IMPL_MISSING = "impl missing"
+    REJECTED = "rejected"
 
 
 @dataclass(frozen=True)

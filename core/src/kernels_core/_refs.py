@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import sys
 from typing import Any
@@ -59,7 +60,8 @@ def _find_spec(name: str, path: Any) -> Any:
 def locate_problem(ref: str) -> str | None:
     """Why the module of ``ref`` cannot be found, importing nothing that is not imported yet; None if found.
 
-    Only an attribute of an already imported module is checked; otherwise finding the file is enough.
+    The attribute of an already imported module is looked up; a module not imported yet has its source read (not
+    run) for a top-level definition, assignment or import of the attribute's first name.
 
     Example:
         >>> locate_problem("json:dumps") is None
@@ -70,6 +72,7 @@ def locate_problem(ref: str) -> str | None:
     module_name, _, attr_path = ref.partition(":")
     parts = module_name.split(".")
     path = None
+    spec = None
     for i in range(len(parts)):
         name = ".".join(parts[: i + 1])
         module = sys.modules.get(name)
@@ -89,4 +92,34 @@ def locate_problem(ref: str) -> str | None:
             if not hasattr(obj, part):
                 return f"module {module_name!r} has no attribute {attr_path!r}"
             obj = getattr(obj, part)
+        return None
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    first = attr_path.split(".")[0]
+    names = _top_level_names(origin) if isinstance(origin, str) and origin.endswith(".py") else None
+    if names is not None and first not in names:
+        return f"module {module_name!r} has no attribute {first!r} (its source defines, assigns or imports none)"
     return None
+
+
+def _top_level_names(path: str) -> set[str] | None:
+    """The names a module's source binds at top level; None where that cannot be known without running it (a
+    module ``__getattr__``, a star import, unreadable source)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            tree = ast.parse(file.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("globals", "setattr", "exec"):
+            return None  # names bound dynamically
+    return None if "__getattr__" in names else names

@@ -93,7 +93,9 @@ class KernelizeReport(Persisted):
             return f"kernelize ({self.mode}): disabled, no kernel applied ({self.disabled})"
         by_kernel = Counter(e.kernel for e in self.applied)
         parts = ", ".join(f"{kernel} x{count}" for kernel, count in sorted(by_kernel.items()))
-        text = f"kernelize ({self.mode}): {len(self.applied)} of {len(self.entries)} matched modules got a kernel"
+        # A row for a whole layer kind (its matcher or adapter does not load, or raised) matched no module.
+        matched = sum(1 for e in self.entries if e.module or e.variant or e.device or e.backend)
+        text = f"kernelize ({self.mode}): {len(self.applied)} of {matched} matched modules got a kernel"
         covered = len(self.covered)
         if covered:
             text += f", {covered} computed by a kernel on an enclosing module"

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Choice", "KernelizeError", "Resolver", "Target", "runnable_here"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kernels_core")  # the package's one logger
 
 
 class KernelizeError(RuntimeError):

@@ -8,9 +8,15 @@ loader can isolate it. :func:`device_name` names a device as reports and listing
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+import difflib
 import enum
+import functools
 import re
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
@@ -32,6 +38,8 @@ __all__ = [
     "Match",
     "Mode",
     "Supports",
+    "declaration_problem",
+    "declaring",
     "device_name",
 ]
 
@@ -40,6 +48,34 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 ANY_BACKEND = "any"
+# Set while the core calls a plugin's declaration hooks: a malformed KernelSpec built there is kept, marked with its
+# problem, so that the loader rejects that kernel alone instead of losing every kernel the hook would have returned.
+# A context variable, so that a KernelSpec built anywhere else (a test, a notebook) still raises at once.
+_DECLARING: contextvars.ContextVar[bool] = contextvars.ContextVar("kernels_core_declaring", default=False)
+_PROBLEM_ATTR = "_declaration_problem"
+
+
+@contextlib.contextmanager
+def declaring() -> Iterator[None]:
+    """While active, a malformed :class:`KernelSpec` is built and marked (:func:`declaration_problem`), not raised.
+
+    Example:
+        >>> with declaring():
+        ...     spec = KernelSpec(id="acme.rms_norm.x", kind="rms_norm", variants=("standard",), backend="any",
+        ...                       impl="acme.ops:rms_norm", prority=10)
+        >>> declaration_problem(spec)
+        "kernel 'acme.rms_norm.x': KernelSpec has no field 'prority' (did you mean 'priority'?)"
+    """
+    token = _DECLARING.set(True)
+    try:
+        yield
+    finally:
+        _DECLARING.reset(token)
+
+
+def declaration_problem(value: object) -> str | None:
+    """Why a declaration built under :func:`declaring` is malformed, or None."""
+    return getattr(value, "__dict__", {}).get(_PROBLEM_ATTR)
 
 
 class StatusEnum(str, enum.Enum):
@@ -399,6 +435,47 @@ class KernelSpec:
         return self.backend == ANY_BACKEND
 
 
+def _naming_init(cls: type) -> None:
+    """Give ``cls`` (a frozen dataclass with an ``id`` field) an ``__init__`` whose errors name the kernel and the
+    field, with the closest field for an unknown keyword, and that marks rather than raises under :func:`declaring`."""
+    generated = cls.__dict__["__init__"]
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = [f.name for f in fields]
+
+    @functools.wraps(generated)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kernel = kwargs.get("id", args[0] if args else None)
+        problem = None
+        unknown = [key for key in kwargs if key not in names]
+        if unknown:
+            hints = [f"{key!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+                key, names, 1)) else "") for key in unknown]
+            problem = (f"kernel {kernel!r}: {cls.__name__} has no field {', '.join(hints)}" if len(unknown) == 1
+                       else f"kernel {kernel!r}: {cls.__name__} has no fields {', '.join(hints)}")
+            if not _DECLARING.get():
+                raise TypeError(f"{problem}; its fields: {', '.join(names)}")
+            kwargs = {key: value for key, value in kwargs.items() if key in names}
+        try:
+            generated(self, *args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            if not _DECLARING.get():
+                raise
+            problem = problem or (str(exc) if str(exc).startswith("kernel ") else f"kernel {kernel!r}: {exc}")
+        if problem is not None:
+            # Fields a failed __init__ did not set get their default, so that listings can still show the kernel.
+            for f in fields:
+                if f.name not in self.__dict__:
+                    default = f.default if f.default is not dataclasses.MISSING else (
+                        f.default_factory() if f.default_factory is not dataclasses.MISSING else "?")
+                    object.__setattr__(self, f.name, default)
+            object.__setattr__(self, _PROBLEM_ATTR, problem)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+_naming_init(KernelSpec)
+
+
 def _parse_requirement(requirement: str, kernel_id: str) -> object:
     from packaging.requirements import InvalidRequirement
     from packaging.requirements import Requirement
@@ -515,6 +592,10 @@ class ConformanceCase:
             tensors of a returned tuple.
         factor: the case's bound is ``factor * tolerance(dtype)``; above 1 where the kernel's rounding passes
             through further layers before the compared outputs (a decoder layer, a whole model).
+        edge_rows: the check replaces rows of the floating-point positional inputs (the last dimension being a row)
+            with the values real models feed: an all-zero row, a row scaled to 1e-3 and one scaled by 64, so that
+            a kernel that forgets an epsilon or overflows an intermediate fails. ``False`` for inputs where such
+            rows are not valid (probabilities, indices stored as floats).
     """
 
     variant: str
@@ -523,6 +604,7 @@ class ConformanceCase:
     inputs: Callable[[Any, Any], tuple[tuple[Any, ...], dict[str, Any]]]
     outputs: Callable[[Any], tuple[Any, ...]] = _output_tensors
     factor: float = 1.0
+    edge_rows: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.variant, str) or not self.variant:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._forward import tensors_in
 from ._kinds._context import MatchContext
 from ._kinds._context import Probe
 from ._kinds._context import ProbeRandomness
@@ -65,6 +66,7 @@ class _Fault:
     cause: str
     describe: Callable[[str], str]
     modules: list[str] = field(default_factory=list)
+    error: BaseException | None = None
 
 
 class PluginFaults:
@@ -79,21 +81,26 @@ class PluginFaults:
         self._faults: dict[tuple[str, str, str], _Fault] = {}
 
     def _add(self, role: str, plugin: PluginInfo, subject: str, kind: str, cause: str, where: str,
-             describe: Callable[[str], str]) -> None:
-        fault = self._faults.setdefault((plugin.name, subject, role), _Fault(plugin, subject, kind, cause, describe))
+             describe: Callable[[str], str], error: BaseException | None = None) -> None:
+        fault = self._faults.setdefault((plugin.name, subject, role),
+                                        _Fault(plugin, subject, kind, cause, describe, error=error))
+        if error is not None and not fault.modules:
+            # The traceback, for whoever turns on kernels_core's DEBUG log; warnings carry the message alone.
+            logger.debug("plugin %r: %s of %s raised on %s", plugin.name, role, subject, where, exc_info=error)
         fault.modules.append(where)
 
-    def matcher_raised(self, provided: ProvidedKind, name: str, module: nn.Module, cause: str) -> None:
+    def matcher_raised(self, provided: ProvidedKind, name: str, module: nn.Module, cause: str,
+                       error: BaseException | None = None) -> None:
         kind, plugin = provided.kind, provided.plugin
 
         def describe(modules: str) -> str:
             return (f"layer kind {kind.name!r} of plugin {plugin.name!r} ({plugin.origin}): its matcher "
                     f"{kind.matcher} raised {cause} on {modules}, which keep their own forward; {_kind_fix(provided)}")
 
-        self._add("matcher", plugin, f"kind:{kind.name}", kind.name, cause, _where(name, module), describe)
+        self._add("matcher", plugin, f"kind:{kind.name}", kind.name, cause, _where(name, module), describe, error)
 
     def adapter_raised(self, provided: ProvidedKind, kernel: ProvidedKernel, name: str, module: nn.Module,
-                       cause: str) -> None:
+                       cause: str, error: BaseException | None = None) -> None:
         kind, plugin = provided.kind, provided.plugin
 
         def describe(modules: str) -> str:
@@ -102,7 +109,7 @@ class PluginFaults:
                     f"{kernel.plugin.name!r}) for {modules}, so the next candidate kernel runs there, or the "
                     f"module's own forward; {_kind_fix(provided)}")
 
-        self._add("adapter", plugin, f"kind:{kind.name}", kind.name, cause, _where(name, module), describe)
+        self._add("adapter", plugin, f"kind:{kind.name}", kind.name, cause, _where(name, module), describe, error)
 
     def output_wrong(self, kernel: ProvidedKernel, name: str, module: nn.Module, cause: str) -> None:
         spec, plugin = kernel.spec, kernel.plugin
@@ -133,6 +140,11 @@ class PluginFaults:
         """The faults of kinds that kernelize is strict about."""
         return [message for fault, message in self.messages() if strict_for(fault.kind)]
 
+    def first_error(self, strict_for: Callable[[str], bool]) -> BaseException | None:
+        """The exception of the first fault kernelize is strict about: the ``__cause__`` of its error."""
+        return next((f.error for f in self._faults.values() if f.error is not None and strict_for(f.kind)), None)
+
+
 
 def _kind_fix(provided: ProvidedKind) -> str:
     name, plugin = provided.kind.name, provided.plugin.name
@@ -158,7 +170,7 @@ class KernelChecks:
             built = load_ref(kind.kind.adapter)(module, match, load_ref(kernel.spec.impl), dict(options))
         except Exception as exc:  # noqa: BLE001 - a broken adapter declines, the other kinds and kernels go on
             cause = f"{type(exc).__name__}: {exc}"
-            self.faults.adapter_raised(kind, kernel, name, module, cause)
+            self.faults.adapter_raised(kind, kernel, name, module, cause, exc)
             return None, f"the adapter {kind.kind.adapter} of plugin {kind.plugin.name!r} raised {cause}"
         probe = self.ctx.probe_of(module, match)
         if probe is None:
@@ -171,16 +183,6 @@ class KernelChecks:
             self.faults.output_wrong(kernel, name, module, problem)
             return None, f"output check failed: {problem}"
         return built, None
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
-    return []
 
 
 def _mismatch(actual: Any, expected: Any, where: str) -> str | None:
@@ -212,7 +214,7 @@ def output_problem(module: nn.Module, built: Callable[..., Any], probe: Probe, c
     ``portable``: the kernel is plain PyTorch (backend ``any``), so it also runs off the CPU. None also where the
     check does not run (see the module docstring); the reason is logged at debug level.
     """
-    on_cpu = all(t.device.type == "cpu" for t in _tensors((probe.args, probe.kwargs, probe.output)))
+    on_cpu = all(t.device.type == "cpu" for t in tensors_in((probe.args, probe.kwargs, probe.output)))
     skip = None
     if not (on_cpu or portable):
         skip = "a backend kernel off the CPU"
@@ -224,7 +226,7 @@ def output_problem(module: nn.Module, built: Callable[..., Any], probe: Probe, c
     if skip is not None:
         logger.debug("kernel output check of %s skipped: %s", type(module).__qualname__, skip)
         return None
-    device = next((t.device for t in _tensors((probe.args, probe.kwargs))), torch.device("cpu"))
+    device = next((t.device for t in tensors_in((probe.args, probe.kwargs))), torch.device("cpu"))
     try:
         # Random draws come from the probe's own generator: saving and restoring torch's process-wide one
         # (fork_rng) would rewind another thread drawing from it meanwhile.

@@ -150,6 +150,19 @@ def test_lm_head_only_when_the_option_asks(linear_pm):
     assert (row.kernel, row.variant) == ("cpu.linear.exact", "head")
 
 
+def test_lm_head_option_unfuses_the_loss_so_the_head_kernel_runs(linear_pm):
+    # The fused loss would read lm_head's weight itself and never call the bound kernel.
+    model = kernels_core.kernelize(_model(vocab_size=112), mode=COMPILED,
+                                   config=_request("cpu.linear.exact", lm_head=True), plugin_manager=linear_pm)
+    loss_rows = [e for e in kernels_core.get_report(model).entries if e.kind == "causal_lm_loss"]
+    assert loss_rows and all(e.kernel is None for e in loss_rows)
+    assert "options.lm_head asks for lm_head's own linear kernel" in loss_rows[0].reason
+    CALLS.clear()
+    ids = torch.tensor([[3, 7, 11, 19, 23]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert (112, 48) in CALLS  # lm_head's weight: its kernel ran in the training step
+
+
 def test_option_type_is_checked(linear_pm):
     with pytest.raises(kernels_core.ConfigError, match="option 'lm_head' of kind 'linear' expects bool"):
         kernels_core.kernelize(_model(), mode=COMPILED, config=_request("cpu.linear.exact", lm_head="yes"),

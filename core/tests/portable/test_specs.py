@@ -42,6 +42,7 @@ CONVENTIONS = {
     "causal_mask": ([], set()),
     # transformers' sdpa_attention_forward comes first (positional-only), then the attention module's call.
     "sliding_window_attention": (["module", "query", "key", "value", "attention_mask"], {"sliding_window"}),
+    "packed_attention": (["query", "key", "value"], {"cu_seqlens", "max_seqlen", "scale", "window"}),
 }
 
 

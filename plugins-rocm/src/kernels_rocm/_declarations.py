@@ -48,8 +48,8 @@ from ._archs import LIGER_ROW_ARCHS
 from ._detect import BACKEND
 
 
-__all__ = ["FIRST", "LIGER_ARCHS", "LIGER_PRIORITIES", "NATIVE_PRIORITIES", "PREFERRED", "SECOND", "TRITON_ARCHS",
-           "TRITON_PRIORITIES", "rocm_kernel_specs"]
+__all__ = ["FIRST", "LIGER_ARCHS", "LIGER_PRIORITIES", "NATIVE_EXCLUDED", "NATIVE_PRIORITIES", "PREFERRED", "SECOND",
+           "TRITON_ARCHS", "TRITON_PRIORITIES", "rocm_kernel_specs"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,11 @@ NATIVE_PRIORITIES: Mapping[str, int] = {
 }
 
 
+# PyTorch's variable-length FlashAttention is not verified on ROCm builds: packed rows keep the core's portable
+# kernel there (one causal SDPA call per document, which ROCm's own SDPA kernels take).
+NATIVE_EXCLUDED: tuple[str, ...] = ("packed_attention",)
+
+
 def _liger_specs() -> tuple[KernelSpec, ...]:
     unreviewed = sorted(set(LIGER_ADAPTERS) - set(LIGER_ARCHS))
     if unreviewed:
@@ -135,5 +140,5 @@ def rocm_kernel_specs() -> tuple[KernelSpec, ...]:
         >>> specs["rocm.rms_norm.torch"].priority > specs["rocm.rms_norm.liger"].priority
         True
     """
-    native = native_kernel_specs(BACKEND, priority=SECOND, priorities=NATIVE_PRIORITIES)
+    native = native_kernel_specs(BACKEND, priority=SECOND, priorities=NATIVE_PRIORITIES, exclude=NATIVE_EXCLUDED)
     return (*_triton_specs(), *_liger_specs(), *native)

@@ -102,6 +102,10 @@ NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
     AdapterEntry("residual_rms_norm", _NORM, "kernels_triton.ops:native_residual_rms_norm", _COMPILE,
                  "ATen add, then the native RMSNorm eagerly; under torch.compile Inductor fuses the add into the "
                  "norm"),
+    # Half precision only: FlashAttention's kernel takes nothing else (float32 modules keep the portable kernel).
+    AdapterEntry("packed_attention", ("causal", "sliding_window"), "kernels_triton.ops:native_varlen_attention",
+                 _GRAD, "torch.nn.attention.varlen_attn: FlashAttention over every document of a packed row in one "
+                 "launch", dtypes=("float16", "bfloat16")),
 )
 
 
@@ -162,7 +166,9 @@ def adapter_kernel_specs(
             archs=archs,
             requires=requires,
             description=entry.description,
-            native_when_compiled=native_when_compiled,
+            # An adapter that does not support torch.compile (packed_attention) is never chosen under it, so it has
+            # no compiled graph to leave to Inductor; KernelSpec refuses the flag without Supports.TORCH_COMPILE.
+            native_when_compiled=native_when_compiled if Supports.TORCH_COMPILE in entry.supports else Mode(0),
         )
         for key, entry in table.items()
         if key not in exclude

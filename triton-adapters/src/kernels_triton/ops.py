@@ -20,7 +20,8 @@ package's own Triton kernels, ``liger_`` ones Liger-Kernel's, ``native_`` ones P
 - LayerNorm: :func:`liger_layer_norm`, :func:`native_layer_norm`;
 - MoE experts: :func:`moe_experts_silu`, :func:`moe_experts_gelu_tanh` (two grouped products),
   :func:`liger_moe_experts_silu`;
-- causal-LM loss: :func:`liger_fused_linear_cross_entropy`.
+- causal-LM loss: :func:`liger_fused_linear_cross_entropy`;
+- packed rows' attention per document: :func:`native_varlen_attention` (PyTorch's FlashAttention varlen kernel).
 
 **The RMSNorm kernels' own entry points**, for benchmarks and tuning sweeps: :func:`apply_rms_norm` (the Python
 autograd path), :func:`rms_norm_forward`, :func:`rms_norm_backward`, :func:`add_rms_norm_backward`,
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # the names as static analysis sees them; at run time __getat
     from ._rms_norm import rms_norm
     from ._rotary import liger_rotary_embedding
     from ._rotary import rotary_embedding
+    from ._varlen import varlen_attention as native_varlen_attention
 
 
 # Public name -> (private module, attribute).
@@ -123,6 +125,7 @@ _SOURCES: dict[str, tuple[str, str]] = {
     "native_gelu_tanh_mul": ("_native", "gelu_tanh_mul"),
     "native_rotary_embedding": ("_native", "rotary_embedding"),
     "native_layer_norm": ("_native", "layer_norm"),
+    "native_varlen_attention": ("_varlen", "varlen_attention"),
     # The RMSNorm kernels' own entry points.
     "apply_rms_norm": ("_rms_norm", "apply_rms_norm"),
     "rms_norm_forward": ("_norm_kernels", "rms_norm_forward"),
@@ -160,6 +163,7 @@ __all__ = ["add_rms_norm_backward", "apply_rms_norm", "cpp_autograd_extension", 
            "liger_moe_experts_silu", "liger_rms_norm", "liger_rotary_embedding", "liger_silu_mul",
            "moe_experts_gelu_tanh", "moe_experts_silu", "native_gelu_tanh_mul", "native_layer_norm",
            "native_residual_rms_norm", "native_rms_norm", "native_rotary_embedding", "native_silu_mul",
+           "native_varlen_attention",
            "norm_backward_tiling", "norm_tiling", "python_autograd_norms", "residual_rms_norm", "rms_norm",
            "rms_norm_backward", "rms_norm_forward", "rms_norm_forward_kernel", "rotary_embedding", "silu_mul",
            "sum_partial_rows"]

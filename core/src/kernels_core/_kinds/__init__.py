@@ -89,6 +89,17 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         target="global",
     ),
     LayerKind(
+        name="packed_attention",
+        description="the sdpa attention function of a causal attention module, for packed rows: each document's "
+                    "attention without the dense mask (rerouted per instance; any other mask goes to sdpa)",
+        variants=("causal", "sliding_window"),
+        matcher=f"{_P}._packed:match_packed_attention",
+        adapter=f"{_P}._packed:adapt_packed_attention",
+        options={},
+        hint_names=("varlen",),
+        target="global",
+    ),
+    LayerKind(
         name="causal_lm_loss",
         description="lm_head + shifted cross-entropy of a *ForCausalLM model (fused linear cross-entropy); \"scaled\" "
                     "takes a logit_scale factor (Granite, Command-R)",

@@ -22,33 +22,54 @@ from ._context import plain_class_forward
 from ._context import reroute_blocker
 
 
-__all__ = ["GLOBAL_NAME", "adapt_sliding_window_attention", "match_sliding_window_attention"]
+__all__ = [
+    "GLOBAL_NAME",
+    "Registry",
+    "adapt_sliding_window_attention",
+    "match_sliding_window_attention",
+    "sdpa_registry_problem",
+    "uses_attention_registry",
+]
 
 GLOBAL_NAME = "ALL_ATTENTION_FUNCTIONS"
 _KIND = "sliding_window_attention"
 
 
-def match_sliding_window_attention(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
-    """Causal attention modules with a ``sliding_window`` that look their function up in transformers' registry."""
+def uses_attention_registry(module: nn.Module) -> bool:
+    """Whether the module's class forward looks its attention function up in ``ALL_ATTENTION_FUNCTIONS``."""
     code = getattr(plain_class_forward(module), "__code__", None)
-    window = getattr(module, "sliding_window", None)
-    if code is None or GLOBAL_NAME not in code.co_names or window is None:
-        return None
+    return code is not None and GLOBAL_NAME in code.co_names
+
+
+def sdpa_registry_problem(module: nn.Module) -> str | None:
+    """Why a module that looks its attention function up in the registry cannot have its causal ``"sdpa"`` entry
+    rerouted per instance, or None if it can."""
     blocker = reroute_blocker(module, GLOBAL_NAME, function=False)
     if blocker:
-        return Decline(_KIND, blocker)
+        return blocker
     registry = plain_class_forward(module).__globals__[GLOBAL_NAME]
     if not hasattr(registry, "get_interface") or "sdpa" not in registry:
-        return Decline(_KIND, f"{GLOBAL_NAME} is {type(registry).__qualname__}, not transformers' attention registry")
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        return Decline(_KIND, f"sliding_window is {window!r}, not a positive number of tokens")
+        return f"{GLOBAL_NAME} is {type(registry).__qualname__}, not transformers' attention registry"
     config = getattr(module, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
     if implementation != "sdpa":
-        return Decline(_KIND, f"attention implementation is {implementation!r}; the kernel replaces 'sdpa' only")
-    # The kernel skips keys after each query block; that holds only where no query attends to a later token.
+        return f"attention implementation is {implementation!r}; the kernel replaces 'sdpa' only"
+    # The kernels skip keys after each query; that holds only where no query attends to a later token.
     if not getattr(module, "is_causal", True) or getattr(config, "use_bidirectional_attention", False):
-        return Decline(_KIND, "the attention is bidirectional; later keys may be attended")
+        return "the attention is bidirectional; later keys may be attended"
+    return None
+
+
+def match_sliding_window_attention(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
+    """Causal attention modules with a ``sliding_window`` that look their function up in transformers' registry."""
+    window = getattr(module, "sliding_window", None)
+    if not uses_attention_registry(module) or window is None:
+        return None
+    problem = sdpa_registry_problem(module)
+    if problem:
+        return Decline(_KIND, problem)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        return Decline(_KIND, f"sliding_window is {window!r}, not a positive number of tokens")
     if getattr(ctx.config, "vision_config", None) is not None:
         return Decline(_KIND, "a multimodal model: image tokens attend to later tokens of their image, which the "
                               "band kernel would skip")
@@ -56,7 +77,7 @@ def match_sliding_window_attention(module: nn.Module, name: str, ctx: MatchConte
                  evidence=f"sdpa attention over a {window}-token causal window")
 
 
-class _Registry:
+class Registry:
     """``ALL_ATTENTION_FUNCTIONS`` as one module's forward sees it: ``"sdpa"`` is the kernel, the rest unchanged."""
 
     def __init__(self, original: Any, sdpa: Callable[..., Any]) -> None:
@@ -74,8 +95,8 @@ class _Registry:
 
 
 def adapt_sliding_window_attention(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict
-                                   ) -> _Registry:
+                                   ) -> Registry:
     """The registry this module's forward sees: its ``"sdpa"`` entry calls ``impl(sdpa, module, query, ...)``,
     ``sdpa`` being transformers' own function, which the kernel calls for the parts it computes."""
     original = plain_class_forward(module).__globals__[match.params["global_name"]]
-    return _Registry(original, functools.partial(impl, original["sdpa"]))
+    return Registry(original, functools.partial(impl, original["sdpa"]))

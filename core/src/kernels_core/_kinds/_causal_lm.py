@@ -333,6 +333,12 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
     operands = linear_operands(lm_head)
     if isinstance(operands, str):
         return Decline(KIND, operands)
+    if ctx.options.get("linear", {}).get("lm_head", False):
+        # The fused loss multiplies hidden states by lm_head's bf16 weight itself and never calls lm_head, so a
+        # precision-changing linear kernel asked for lm_head (FP8) would be bound but never run in training.
+        return Decline(KIND, "[kinds.linear] options.lm_head asks for lm_head's own linear kernel "
+                             "(FP8): the fused loss would bypass it, so the loss runs unfused "
+                             "(lm_head, then transformers' cross-entropy)")
     blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), ctx)
     if blocker:
         return Decline(KIND, blocker)
@@ -410,6 +416,33 @@ def _shift(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     # Same as ForCausalLMLoss: pad one ignore_index on the right, then drop the first position.
     padded = nn.functional.pad(labels, (0, 1), value=ignore_index)
     return padded[..., 1:].contiguous()
+
+
+def _use_cache(base: nn.Module, call: dict[str, Any], cache: str) -> bool:
+    """Whether the fused path's call of the base model builds a KV cache: as few as compute what eager computes.
+
+    A training step with labels never generates, so where a cache changes nothing but memory none is built.
+    transformers otherwise defaults to ``config.use_cache=True`` and keeps every layer's keys and values in a cache
+    alive until the output is dropped, through the loss, the step's peak: measured on the H200 for Qwen3-0.6B,
+    0.875 GiB there, plus as much again in zero gradients that a torch.compile'd graph creates for the cache
+    outputs at the start of backward.
+
+    A cache changes the math in one case: transformers looks for packed sequences (position ids restarting at 0)
+    and masks attention per document only when the model was given position ids, no attention mask and no cache.
+    Where the eager call would build a cache there (``use_cache`` from the config, as transformers'
+    ``merge_with_config_defaults`` takes it, gradient checkpointing turning it off in training), eager attends
+    across the packed documents, so this call builds the cache too and computes the same.
+    """
+    use_cache = call.get("use_cache")
+    if use_cache is not None:
+        return bool(use_cache)
+    if call.get(cache) is not None:
+        return True
+    if call.get("position_ids") is None or call.get("attention_mask") is not None:
+        return False
+    config_default = bool(getattr(getattr(base, "config", None), "use_cache", False))
+    checkpointing = getattr(base, "gradient_checkpointing", False) and base.training and torch.is_grad_enabled()
+    return config_default and not checkpointing
 
 
 def _partitioned_head(lm_head: nn.Module, how: object) -> str | None:
@@ -490,13 +523,7 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             if call.get("output_router_logits") is None:
                 call["output_router_logits"] = module.config.output_router_logits
             output_router_logits = call["output_router_logits"]
-        # A training step with labels never generates, so unless a cache is asked for explicitly none is built.
-        # transformers otherwise defaults to config.use_cache=True and copies every layer's keys and values into
-        # a cache that stays alive until the output is dropped, through the loss, the step's peak: measured on the
-        # H200 for Qwen3-0.6B, 0.875 GiB there, plus as much again in zero gradients that a torch.compile'd graph
-        # creates for the cache outputs at the start of backward.
-        use_cache = call.get("use_cache")
-        call["use_cache"] = bool(use_cache) if use_cache is not None else call.get(cache) is not None
+        call["use_cache"] = _use_cache(module.model, call, cache)
         outputs = module.model(**call)
         hidden = outputs.last_hidden_state
         if hidden_op is not None:

@@ -11,9 +11,10 @@ Which modules it takes:
   ``nn.ModuleList`` (``model.layers.3.self_attn.q_proj``, ``model.layers.3.mlp.down_proj``): variant
   ``projection``. Linears elsewhere (multimodal projectors, ...) are not the kind's.
 - the ``lm_head`` only when ``[kinds.linear] options = { lm_head = true }`` asks for it (variant ``head``);
-  otherwise it is reported as declined, with that how-to. Embeddings are lookups, not linears. In training the
-  fused causal-LM loss reads ``lm_head``'s weight itself (in bf16), so an FP8 ``lm_head`` runs only where the
-  model's own forward calls it (evaluation, generation).
+  otherwise it is reported as declined, with that how-to. Embeddings are lookups, not linears. The fused
+  causal-LM loss reads ``lm_head``'s weight itself (in bf16) and would bypass the kernel, so with this option
+  the ``causal_lm_loss`` kind declines, saying why: the loss runs unfused (``lm_head``, then transformers'
+  cross-entropy on the whole logits) and the FP8 ``lm_head`` runs in training too.
 
 Declined, with the reason in the report: in or out features not a multiple of 16 (``torch._scaled_mm`` needs
 both), a layer wrapped by PEFT (LoRA's base layer, its adapter matrices, ``modules_to_save`` copies: FP8 training

@@ -6,8 +6,9 @@ priorities of 100 and above, so on their hardware they win over these automatica
 
 Example:
     >>> from kernels_core._portable import SPECS
-    >>> sorted(spec.kind for spec in SPECS)
-    ['causal_lm_loss', 'causal_mask', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp', 'sliding_window_attention']
+    >>> sorted(spec.kind for spec in SPECS)  # doctest: +NORMALIZE_WHITESPACE
+    ['causal_lm_loss', 'causal_mask', 'packed_attention', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp',
+     'sliding_window_attention']
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ SPECS: tuple[KernelSpec, ...] = (
         dtypes=_ALL_FLOATS,
         description="under torch.compile, no dense causal mask where eager transformers passes none: SDPA's "
                     "is_causal kernels",
+    ),
+    KernelSpec(
+        id="any.packed_attention.per_document",
+        kind="packed_attention",
+        variants=("causal", "sliding_window"),
+        backend="any",
+        impl="kernels_core._portable._packed_attention:packed_attention",
+        priority=0,
+        supports=Supports.BACKWARD,
+        dtypes=_ALL_FLOATS,
+        description="one causal SDPA call per document of a packed row (its is_causal kernels, no dense mask)",
     ),
     KernelSpec(
         id="any.sliding_window_attention.banded",

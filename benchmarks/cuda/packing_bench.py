@@ -1,0 +1,227 @@
+"""Packed rows against unpacked ones: the same documents, trained eager, with Liger, kernelized, compiled.
+
+The Qwen3-0.6B shape (or ``--model``, a :data:`benchmarks.cuda.models_bench.MODELS` name), bf16, fused AdamW,
+about 8,192 tokens a step, each (layout, variant) in a fresh process. Layouts:
+
+- ``unpacked``: 4 rows of 2,048 tokens, no mask;
+- ``packed``: the same 4 documents in one row of 8,192, position ids restarting at each document (as
+  ``DataCollatorWithFlattening`` and TRL's ``padding_free`` send them), labels -100 at each document's start. The
+  model's config has ``use_cache=False``, so eager transformers attends per document (through a dense
+  ``[1, 1, 8192, 8192]`` mask);
+- ``mixed``: documents of 64 to 4,096 tokens (drawn once, seeded) in one packed row of about 8,192 tokens;
+- ``padded``: the same mixed documents one per row, padded to the longest, with an attention mask and labels -100
+  on padding: what packing replaces. Its tokens/s counts real tokens only, as every layout's does.
+
+Variants: ``eager``, ``liger``, ``kernelize``, ``compile``, ``kernelize_compile`` (as in models_bench).
+``--agreement N`` adds, for the packed layout, N untimed steps of eager and of kernelize from the same weights,
+with each step's loss (also on ``--agreement-model``, a sliding-window shape), to check the kernelized losses
+against eager's in the same setting.
+
+    python -m benchmarks.cuda.packing_bench --out benchmarks/results/packing-h200.json
+    python -m benchmarks.cuda.packing_bench --layouts packed --variants eager,kernelize --steps 3 --out /tmp/p.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+import traceback
+
+import torch
+
+from benchmarks.common import environment
+from benchmarks.common import python_m
+from benchmarks.common import run_child
+from benchmarks.common import train_steps
+from benchmarks.common import write_json
+from benchmarks.cuda.models_bench import MODELS
+from benchmarks.cuda.models_bench import build
+from benchmarks.cuda.models_bench import prepare
+
+
+LAYOUTS = ("unpacked", "packed", "mixed", "padded")
+VARIANTS = ("eager", "liger", "kernelize", "compile", "kernelize_compile")
+DOCUMENT = 2048
+TOKENS = 8192
+# A sliding-window shape for the agreement check: Qwen3-0.6B with every other layer in a 512-token window, shorter
+# than the documents, so the packed kernel computes banded documents there.
+SLIDING = {"layer_types": ["sliding_attention", "full_attention"] * 14, "sliding_window": 512,
+           "use_sliding_window": True, "max_window_layers": 0}
+
+
+def mixed_lengths(total: int = TOKENS, *, seed: int = 0) -> list[int]:
+    """Document lengths drawn uniformly from 64 to 4,096 tokens, the last cut so that they sum to ``total``.
+
+    Example:
+        >>> lengths = mixed_lengths(10_000)
+        >>> sum(lengths), min(lengths) >= 1, max(lengths) <= 4096
+        (10000, True, True)
+    """
+    generator = torch.Generator().manual_seed(seed)
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        lengths.append(min(int(torch.randint(64, 4097, (1,), generator=generator)), total - sum(lengths)))
+    return lengths
+
+
+def batch_for(layout: str, vocab: int, device: str | torch.device) -> tuple[dict[str, torch.Tensor], int]:
+    """The named inputs of one step, and how many of its tokens are real (not padding).
+
+    Example:
+        >>> batch, real = batch_for("packed", 100, "cpu")
+        >>> batch["input_ids"].shape, real, batch["position_ids"][0, 2047:2049].tolist()
+        (torch.Size([1, 8192]), 8192, [2047, 0])
+    """
+    lengths = [DOCUMENT] * (TOKENS // DOCUMENT) if layout in ("unpacked", "packed") else mixed_lengths()
+    generator = torch.Generator().manual_seed(1)
+    documents = [torch.randint(0, vocab, (n,), generator=generator) for n in lengths]
+    if layout == "unpacked":
+        ids = torch.stack(documents).to(device)
+        return {"input_ids": ids, "labels": ids}, ids.numel()
+    if layout == "padded":
+        longest = max(lengths)
+        ids = torch.zeros(len(documents), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, document in enumerate(documents):
+            ids[row, : len(document)] = document
+            mask[row, : len(document)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device),
+                "labels": labels.to(device)}, sum(lengths)
+    ids = torch.cat(documents)[None]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    labels = ids.masked_fill(positions == 0, -100)  # no document predicts the next one's first token
+    packed = {"input_ids": ids, "position_ids": positions, "labels": labels}
+    return {name: tensor.to(device) for name, tensor in packed.items()}, ids.numel()
+
+
+def _model(name: str, *, sliding: bool = False) -> torch.nn.Module:
+    model = build(name, **(SLIDING if sliding else {}))
+    model.config.use_cache = False  # eager attends per document on packed rows (see the module docstring)
+    return model.train()
+
+
+def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int) -> dict:
+    model = _model(model_name)
+    runner, how = prepare(model, variant, [])
+    batch, real = batch_for(layout, model.config.vocab_size, "cuda")
+    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup + 1)
+    result = {
+        "tokens_per_s": round(steps * real / timed["seconds"]),
+        "step_ms": round(1e3 * timed["seconds"] / steps, 2),
+        "peak_GiB": round(timed["peak_bytes"] / 2**30, 2),
+        "first_step_s": round(timed["first_step_s"], 2),
+        "losses": [round(v, 4) for v in timed["losses"]],
+        "binding": how,
+    }
+    if variant.endswith("compile"):
+        from torch._dynamo.utils import counters
+
+        result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+    return result
+
+
+def agreement(model_name: str, *, steps: int, sliding: bool) -> dict:
+    """Each step's loss of eager and of kernelize on the packed layout, from the same weights and data."""
+    import copy
+
+    import kernels_core
+
+    eager = _model(model_name, sliding=sliding)
+    kernelized = copy.deepcopy(eager)
+    kernels_core.kernelize(kernelized, mode=kernels_core.Mode.TRAINING)
+    batch, _ = batch_for("packed", eager.config.vocab_size, "cuda")
+    losses = {}
+    for name, model in (("eager", eager), ("kernelize", kernelized)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        losses[name] = []
+        for _ in range(steps):
+            loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[name].append(round(loss.item(), 5))
+    gaps = [abs(k - e) / abs(e) for e, k in zip(losses["eager"], losses["kernelize"], strict=True)]
+    return {"losses": losses, "max_relative_gap": round(max(gaps), 6),
+            "binding": kernels_core.get_report(kernelized).summary()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--model", default="qwen3-0.6b", choices=sorted(MODELS))
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--skip", default="", help="comma-separated layout:variant rows to leave out")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--agreement", type=int, default=0, help="steps of the eager/kernelize loss check (0: none)")
+    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, _, rest = args.child.partition(":")
+        row: dict = {"model": args.model, "kind": kind, "what": rest}
+        try:
+            if kind == "train":
+                layout, variant = rest.split("/")
+                row.update(layout=layout, variant=variant)
+                row.update(train(args.model, layout, variant, steps=args.steps, warmup=args.warmup))
+            else:
+                row.update(agreement(args.model, steps=args.agreement, sliding=rest == "sliding"))
+        except Exception as exc:  # noqa: BLE001 - a failing row is a result to report
+            row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
+            row["traceback"] = traceback.format_exc()[-3000:]
+        args.out.write_text(json.dumps(row))
+        return
+
+    def child(what: str) -> dict:
+        tmp = args.out.with_name(f".packing-{what.replace('/', '-').replace(':', '-')}.json")
+        cmd = python_m("benchmarks.cuda.packing_bench", "--child", what, "--out", str(tmp), "--model", args.model,
+                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--agreement", str(args.agreement))
+        start = time.perf_counter()
+        result, error = run_child(cmd, tmp, timeout=args.timeout)
+        row = result or {"what": what}
+        if error:
+            row["process_error"] = error
+        row["process_s"] = round(time.perf_counter() - start, 1)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("traceback",)}), flush=True)
+        return row
+
+    skip = set(filter(None, args.skip.split(",")))
+    rows = [child(f"train:{layout}/{variant}") for layout in args.layouts.split(",")
+            for variant in args.variants.split(",") if f"{layout}:{variant}" not in skip]
+    checks = [child(f"agreement:{which}") for which in ("dense", "sliding")] if args.agreement else []
+    _ratios(rows)
+    write_json(args.out, {
+        "environment": environment(),
+        "config": f"{args.model} shape, bf16, sdpa, AdamW(fused), about {TOKENS} tokens a step, {args.steps} timed "
+                  f"steps after {args.warmup} warm-up steps and the first; config.use_cache=False (eager attends "
+                  "per document on packed rows); tokens/s counts real tokens",
+        "rows": rows,
+        "agreement": checks,
+    })
+
+
+def _ratios(rows: list[dict]) -> None:
+    index = {(r.get("layout"), r.get("variant")): r for r in rows if r.get("tokens_per_s")}
+    for row in rows:
+        if not row.get("tokens_per_s"):
+            continue
+        layout, variant = row["layout"], row["variant"]
+        # Against eager on the same layout, and against the same variant on the layout packing replaces.
+        references = {"eager": (layout, "eager"), "compile": (layout, "compile")}
+        if layout in ("packed", "mixed"):
+            references["unpacked" if layout == "packed" else "padded"] = (
+                "unpacked" if layout == "packed" else "padded", variant)
+        for label, key in references.items():
+            ref = index.get(key)
+            if ref is not None and ref is not row:
+                row[f"speed_vs_{label}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
+                row[f"peak_vs_{label}"] = round(row["peak_GiB"] / ref["peak_GiB"], 3)
+
+
+if __name__ == "__main__":
+    main()

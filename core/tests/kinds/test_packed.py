@@ -1,0 +1,228 @@
+"""Packed rows (several documents in one row): a kernelized model computes what eager transformers computes in the
+same setting, in every form packed batches reach a model.
+
+transformers (sdpa) masks attention per document only where it looks for packing: position ids given, no attention
+mask, no cache. With a cache (``use_cache=True``, the config default) it attends across the documents. Each test
+compares against eager in the same setting, and, where eager is per document, against each document run alone.
+"""
+
+from __future__ import annotations
+
+import kernels_core
+import pytest
+import torch
+from kernels_core import Mode
+from kernels_core.testing import assert_close
+from kernels_core.testing import tiny_causal_lm
+
+
+transformers = pytest.importorskip("transformers")
+
+DOCUMENTS = (5, 9, 3, 7)  # odd lengths; one row of 24 tokens
+
+
+def _packed(lengths: tuple[int, ...] = DOCUMENTS, *, vocab: int = 101, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One flattened row as DataCollatorWithFlattening builds it: restarting position ids, -100 at each start."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (1, sum(lengths)), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    labels = ids.clone()
+    labels[positions == 0] = -100
+    return {"input_ids": ids, "position_ids": positions, "labels": labels}
+
+
+def _model(family: str = "qwen3", *, use_cache: bool, dtype: torch.dtype = torch.float32,
+           **overrides) -> torch.nn.Module:
+    model = tiny_causal_lm(family, dtype=dtype, **overrides)
+    model.config.use_cache = use_cache  # tiny_causal_lm turns it off; the config default of real checkpoints is on
+    return model.train()
+
+
+def _loss_and_grads(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _kernelized_copy(model: torch.nn.Module, pm) -> torch.nn.Module:
+    import copy
+
+    twin = copy.deepcopy(model)
+    kernels_core.kernelize(twin, mode=Mode.TRAINING, plugin_manager=pm)
+    return twin
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["config-use-cache", "config-no-cache"])
+def test_fused_loss_keeps_eager_masking_of_packed_rows(pm, use_cache):
+    """The fused causal-LM loss builds no cache where that changes nothing; on packed rows it does change the mask,
+    so the kernelized model attends across documents exactly where eager does (config ``use_cache=True``)."""
+    model = _model(use_cache=use_cache)
+    batch = _packed()
+    eager_loss, eager_grads = _loss_and_grads(model, batch)
+    twin = _kernelized_copy(model, pm)
+    assert any(e.applied and e.kind == "causal_lm_loss" for e in kernels_core.get_report(twin).entries)
+    loss, grads = _loss_and_grads(twin, batch)
+    assert_close(loss, eager_loss, dtype=torch.float32)
+    for name, grad in eager_grads.items():
+        assert_close(grads[name], grad, dtype=torch.float32)
+    # The two settings differ (otherwise this test could not tell them apart).
+    other = _model(use_cache=not use_cache)
+    other.load_state_dict(model.state_dict())
+    assert not torch.allclose(_loss_and_grads(other, batch)[0], eager_loss)
+
+
+def test_explicit_use_cache_argument_wins(pm):
+    model = _model(use_cache=True)
+    batch = _packed()
+    eager = model(**batch, use_cache=False).loss
+    twin = _kernelized_copy(model, pm)
+    assert_close(twin(**batch, use_cache=False).loss, eager, dtype=torch.float32)
+
+
+# --- the packed_attention kind ---------------------------------------------------------------------------------------
+
+from kernels_core._kinds._packed import documents_of  # noqa: E402
+
+
+def _doc_mask(lengths, *, window=None):
+    document = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    index = torch.arange(len(document))
+    distance = index[:, None] - index[None, :]
+    mask = (document[:, None] == document[None]) & (distance >= 0)
+    if window is not None:
+        mask &= distance < window
+    return mask[None, None]
+
+
+def test_documents_are_read_off_a_mask_causal_per_document():
+    found = documents_of(_doc_mask((3, 1, 4)), window=None, batch=2)
+    assert found.cu_seqlens.tolist() == [0, 3, 4, 8, 11, 12, 16] and found.max_seqlen == 4
+    assert found.cu_seqlens.dtype == torch.int32
+    windowed = _doc_mask((6, 2), window=3)
+    assert documents_of(windowed, window=3, batch=1).cu_seqlens.tolist() == [0, 6, 8]
+    assert documents_of(windowed, window=None, batch=1) is None  # a band is not full causal attention
+
+
+@pytest.mark.parametrize("change", ["extra_seen", "hidden", "bias", "not_square", "padding"])
+def test_any_other_mask_is_not_taken_for_documents(change):
+    mask = _doc_mask((3, 4))
+    if change == "extra_seen":
+        mask = mask.clone()
+        mask[0, 0, 5, 1] = True  # one query sees a key of the document before
+    elif change == "hidden":
+        mask = mask.clone()
+        mask[0, 0, 6, 4] = False  # a key of its own document hidden
+    elif change == "bias":
+        mask = torch.where(mask, 0.5, torch.finfo(torch.float32).min)  # an additive bias, not only 0 / lowest
+    elif change == "not_square":
+        mask = mask[..., :-1]
+    else:
+        mask = mask.clone()
+        mask[..., 0] = False  # padding on the left: the first token sees nothing
+    assert documents_of(mask, window=None, batch=1) is None
+
+
+def _forms(lengths: tuple[int, ...]) -> dict[str, dict]:
+    """Every form a packed batch reaches a model in (labels with -100 at document starts)."""
+    from transformers import DataCollatorWithFlattening
+
+    row = _packed(lengths)
+    features = []
+    start = 0
+    for n in lengths:
+        features.append({"input_ids": row["input_ids"][0, start:start + n].tolist()})
+        start += n
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)(features)
+    # LLaMA-Factory's neat_packing: segment ids turned into a 4-D additive mask (0 seen, the dtype's lowest not).
+    neat = dict(row)
+    neat["attention_mask"] = torch.where(_doc_mask(lengths), 0.0, torch.finfo(torch.float32).min)
+    return {"position_ids": row, "flattening_collator": dict(flat), "neat_packing": neat}
+
+
+def _per_document_reference(model, lengths):
+    """The loss of each document run alone, summed as one packed row's mean loss over its labelled tokens."""
+    row = _packed(lengths)
+    total, count, start = 0.0, 0, 0
+    for n in lengths:
+        ids = row["input_ids"][:, start:start + n]
+        labels = row["labels"][:, start:start + n]
+        logits = model(input_ids=ids).logits
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        total = total + torch.nn.functional.cross_entropy(logits[0], shifted[0], reduction="sum", ignore_index=-100)
+        count += int((shifted != -100).sum())
+        start += n
+    return total / count
+
+
+@pytest.mark.parametrize("form", ["position_ids", "flattening_collator", "neat_packing"])
+def test_per_document_rows_match_eager_and_each_document_alone(pm, sdpa_calls, form):
+    model = _model(use_cache=False)
+    batch = _forms(DOCUMENTS)[form]
+    eager_loss, eager_grads = _loss_and_grads(model, batch)
+    with torch.no_grad():
+        assert_close(eager_loss, _per_document_reference(model, DOCUMENTS), dtype=torch.float32)
+    twin = _kernelized_copy(model, pm)
+    bound = [e for e in kernels_core.get_report(twin).entries if e.kind == "packed_attention" and e.applied]
+    assert len(bound) == model.config.num_hidden_layers
+    sdpa_calls.clear()
+    loss, grads = _loss_and_grads(twin, batch)
+    assert sdpa_calls[:len(DOCUMENTS)] == list(DOCUMENTS)  # the kernel ran, one call per document
+    assert_close(loss, eager_loss, dtype=torch.float32)
+    for name, grad in eager_grads.items():
+        assert_close(grads[name], grad, dtype=torch.float32)
+
+
+def test_rows_that_attend_across_documents_stay_so(pm, sdpa_calls):
+    """A cache (config use_cache=True) makes eager attend across documents: no mask reaches attention, the kernel
+    never runs and the result is eager's."""
+    model = _model(use_cache=True)
+    batch = _forms(DOCUMENTS)["position_ids"]
+    eager_loss, _ = _loss_and_grads(model, batch)
+    twin = _kernelized_copy(model, pm)
+    sdpa_calls.clear()
+    loss, _ = _loss_and_grads(twin, batch)
+    assert set(sdpa_calls) == {sum(DOCUMENTS)}  # transformers' own causal calls over the whole row
+    assert_close(loss, eager_loss, dtype=torch.float32)
+
+
+def test_padded_batches_go_to_sdpa(pm, sdpa_calls):
+    model = _model(use_cache=False)
+    ids = torch.randint(3, 100, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    eager = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    twin = _kernelized_copy(model, pm)
+    sdpa_calls.clear()
+    assert_close(twin(input_ids=ids, attention_mask=mask, labels=ids).loss, eager, dtype=torch.float32)
+    assert not sdpa_calls  # the padding mask goes to sdpa whole
+
+
+@pytest.mark.parametrize("family,overrides", [
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4,
+               "use_sliding_window": True, "max_window_layers": 0}),
+    ("mistral", {"sliding_window": 4}),
+    ("gemma3_text", {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}),
+], ids=["qwen3-layer-types", "mistral", "gemma3"])
+def test_sliding_window_families(pm, sdpa_calls, family, overrides):
+    model = _model(family, use_cache=False, **overrides)
+    batch = _packed(DOCUMENTS)
+    eager_loss, eager_grads = _loss_and_grads(model, batch)
+    twin = _kernelized_copy(model, pm)
+    sdpa_calls.clear()
+    loss, grads = _loss_and_grads(twin, batch)
+    assert sdpa_calls and set(sdpa_calls) <= set(DOCUMENTS)  # documents shorter than the window need no band mask
+    assert_close(loss, eager_loss, dtype=torch.float32)
+    for name, grad in eager_grads.items():
+        assert_close(grads[name], grad, dtype=torch.float32)
+
+
+def test_bfloat16(pm, sdpa_calls):
+    model = _model(use_cache=False, dtype=torch.bfloat16)
+    batch = _packed(DOCUMENTS)
+    eager_loss, _ = _loss_and_grads(model, batch)
+    twin = _kernelized_copy(model, pm)
+    sdpa_calls.clear()
+    loss, _ = _loss_and_grads(twin, batch)
+    assert sdpa_calls[:len(DOCUMENTS)] == list(DOCUMENTS)
+    assert_close(loss, eager_loss, dtype=torch.bfloat16)
