@@ -58,17 +58,22 @@ def _loss_and_grads(model, ids):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-# Known, not yet understood: left failing visibly (strict xfail) until fixed.
-KNOWN = {
-    # The kernelized model's MoE gate gradient differs from eager's (loss equal); eager is deterministic.
-    "deepseek_v4": "gate weight gradient differs from eager with the fused loss and MLP bound (under investigation)",
-    # The rotary kernel is bound but the attention's forward never calls it on this path.
-    "flint": "rotary_embedding bound but never called",
-}
+def _route_like_a_checkpoint(model) -> None:
+    """Fill a hash router's frozen token-to-expert table (DeepSeek-V4's ``tid2eid``, zeros until a checkpoint loads
+    it) with distinct experts per token. All zeros, every token picks expert 0 in every slot, the normalised routing
+    weights are the constant 1/top_k and the gate's exact gradient is zero: what eager then returns is rounding noise
+    (about 1e-10 here), which any reordering of the same sums (transformers' own batched_mm experts) changes
+    completely, so comparing it would test nothing but the order of additions."""
+    generator = torch.Generator().manual_seed(5)
+    for module in model.modules():
+        table = module._buffers.get("tid2eid")
+        if table is not None:
+            experts = module.num_experts
+            rows = [torch.randperm(experts, generator=generator)[: table.shape[1]] for _ in range(table.shape[0])]
+            table.copy_(torch.stack(rows))
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(reason=KNOWN[f], strict=True))
-                                    if f in KNOWN else f for f in MODERN])
+@pytest.mark.parametrize("family", MODERN)
 def test_family_loss_and_gradients_equal_eager(family, ref_pm, calls):
     if family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         pytest.skip(f"this transformers has no {family}")
@@ -80,6 +85,7 @@ def test_family_loss_and_gradients_equal_eager(family, ref_pm, calls):
             pytest.skip(f"{family} cannot be built from a tiny config with this transformers: {exc}")
     if not _modern(model):
         pytest.skip(f"{family} has no RMSNorm and rotary embedding (not a modern decoder)")
+    _route_like_a_checkpoint(model)
     torch.manual_seed(1)
     ids = torch.randint(3, model.config.get_text_config().vocab_size, (2, 9))
     model.train()

@@ -15,11 +15,17 @@ Three layouts of the same rotation reach a kernel of the rotate-half convention 
 
 Multi-head latent attention (DeepSeek V2/V3, MiniCPM3, ...) has no ``head_dim``: it hands the function only the
 rotated part of each head (``qk_rope_head_dim`` wide), which the probe then takes as the width.
+
+A forward may name the function and still not call it on a given layer: Flint's full-attention layers and
+SmolLM3's NoPE layers skip the rotation (``if self.sliding_window is not None``, ``if self.use_rope``). The matcher
+runs the attention's own forward once, the function counted, and declines a layer that never calls it, so the
+report never shows a rotary kernel bound where no rotation happens.
 """
 
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -138,6 +144,63 @@ def _called_name(module: nn.Module) -> str | Decline:
     return INTERLEAVE_NAME if choice else GLOBAL_NAME
 
 
+
+_CALL_PROBE_TOKENS = 5
+
+
+def _input_width(module: nn.Module) -> int | None:
+    """The width of the hidden states an attention module takes: its config's ``hidden_size``, else the input
+    size of its first linear projection (every projection of an attention reads the hidden states)."""
+    width = getattr(getattr(module, "config", None), "hidden_size", None)
+    if isinstance(width, int) and not isinstance(width, bool):
+        return width
+    first = next((m for m in module.modules() if isinstance(m, nn.Linear)), None)
+    return first.in_features if first is not None else None
+
+
+def _never_called(module: nn.Module, ctx: MatchContext, global_name: str, dtype: torch.dtype,
+                  device: torch.device) -> bool:
+    """Whether this instance's forward, run on a causal probe batch with position embeddings, never calls
+    ``global_name``: True only when the forward ran and did not; False when it called it or could not be run with
+    the inputs a decoder layer hands an attention (a sub-module taking other tensors, say), in which case the
+    function's presence in the code is what the match rests on, as for any forward that calls it."""
+    forward = plain_class_forward(module)
+    original = forward.__globals__[global_name]
+    calls: list[None] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        return original(*args, **kwargs)
+
+    # The class forward over a copy of its module's globals with the one name counted: no other instance and no
+    # other thread sees the counter (the modeling module itself is never changed).
+    probed = types.FunctionType(forward.__code__, {**forward.__globals__, global_name: counted}, forward.__name__,
+                                forward.__defaults__, forward.__closure__)
+    probed.__kwdefaults__ = forward.__kwdefaults__
+    width = _input_width(module)
+    if width is None:
+        return False
+    params = inspect.signature(forward).parameters
+    gen = ctx.generator(device)
+    x = ctx.randn(1, _CALL_PROBE_TOKENS, width, device=device, dtype=dtype, gen=gen)
+    position_ids = torch.arange(_CALL_PROBE_TOKENS, device=device)[None]
+    kwargs: dict[str, Any] = {}
+    if "position_embeddings" in params:
+        embeddings = ctx.position_embeddings(x, position_ids)
+        if embeddings is None:
+            return False
+        kwargs["position_embeddings"] = embeddings
+    if "attention_mask" in params:
+        kwargs["attention_mask"] = None  # causal attention without padding
+    if "position_ids" in params:
+        kwargs["position_ids"] = position_ids
+    try:
+        ctx.run_probe(module, lambda: probed(module, x, **kwargs))
+    except Exception:  # noqa: BLE001 - inputs of another form: the code's call of the function is the evidence
+        return False
+    return not calls
+
+
 def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     global_name = _called_name(module)
     if isinstance(global_name, Decline):
@@ -161,6 +224,10 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else torch.device("cpu")
     if device.type == "meta":
         return Decline("rotary_embedding", "parameters are on the meta device; the math cannot be verified")
+    if _never_called(module, ctx, global_name, dtype, device):
+        return Decline("rotary_embedding", f"this layer's forward does not call {global_name} (probed with position "
+                                           "embeddings given): it rotates nothing here (a layer without positional "
+                                           "encoding, as Flint's full-attention or SmolLM3's NoPE layers)")
     output_dtype = _output_dtype_policy(fn, device, ctx)
     cos_dtype = _model_cos_dtype(ctx, dtype, device)
     params = {"global_name": global_name, "head_dim": head_dim, "rotary_dim": rotary_dim, "output_dtype": output_dtype}
