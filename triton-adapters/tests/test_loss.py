@@ -85,6 +85,26 @@ def test_loss_and_gradients_match_eager(case, chunk_rows, dtype):
         assert_as_good_as_eager(go, ge, gt, dtype, f"{case} grad {i}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("logit_scale", [0.3, 1 / 6, 0.8333333])  # not powers of two (Granite-MoE 1/6, Command R+)
+def test_scaled_loss_is_within_the_stated_bound_of_eager(dtype, logit_scale):
+    """The bound core/docs/kernel-conventions.md states for a scale that is not a power of two in half precision:
+    Liger scales the hidden rows before its GEMM where eager scales the rounded logits, so each logit is within
+    u * (sum_k |s h_k W_jk| + 3 |s z_j|) of eager's (one rounding of every scaled hidden value, eager's two of the
+    logit), and each row's loss, lse(z) - z_target, within twice the largest of those (u the dtype's unit
+    roundoff)."""
+    x, w, _, labels = _inputs(7)
+    x, w = x.to(dtype), w.to(dtype)
+    ours = _ours(labels, logit_scale=logit_scale)(x, w).item()
+    eager = _eager(labels, logit_scale=logit_scale)(x, w).item()
+    u = torch.finfo(dtype).eps / 2
+    h, weight = x.double() * logit_scale, w.double()
+    per_logit = u * (h.abs() @ weight.abs().T + 3 * (h @ weight.T).abs())
+    bound = (2 * per_logit.amax(-1))[labels != -100].mean().item()
+    assert abs(ours - eager) <= bound, (ours, eager, bound)
+    assert bound < 0.05 * abs(eager), "the bound must say something at this size"
+
+
 def test_divisor_can_be_a_device_tensor():
     x, w, _, labels = _inputs(2)
     ours = _ours(labels, num_items=torch.tensor(40, device=DEV))(x, w)

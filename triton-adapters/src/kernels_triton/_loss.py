@@ -202,9 +202,13 @@ def fused_linear_cross_entropy(
     """Cross-entropy of ``hidden_states @ weight.T (+ bias)`` against already-shifted ``labels``, in float32.
 
     ``logit_scale`` multiplies the logits before any soft-capping (Granite, Command-R). Liger's kernel takes no
-    scale, so the hidden rows (and the bias) are scaled instead, ``(s h) W^T + s b``: each rounded once in their
-    dtype, exact when the scale is a power of two (Granite's 1/8 and 1/16, Command-R's 1/16); the core's portable
-    loss, on CPU tensors, scales the float32 logits.
+    scale, so the hidden rows (and the bias) are scaled instead, ``(s h) W^T + s b``, each rounded once in their
+    dtype. That is eager's result exactly when the scale is a power of two (Granite's 1/8 and 1/16, Command-R's
+    1/16) or the dtype float32 (up to float32 rounding); otherwise, in half precision, each logit is within
+    ``u * (sum_k |s h_k W_jk| + 3 |s z_j|)`` of eager's, which rounds ``z`` and then ``s z`` (``u`` the dtype's unit
+    roundoff, 2**-8 in bfloat16), and each row's loss within twice the largest of those
+    (``core/docs/kernel-conventions.md``; ``tests/test_loss.py`` checks it). The core's portable loss, on CPU
+    tensors, scales the logits in their dtype as eager does.
 
     Without ``num_items_in_batch`` Liger's ``mean`` reduction divides by the non-ignored rows inside the kernel,
     in float32. With it, Liger sums and the division happens here; its gradient then scales Liger's stored

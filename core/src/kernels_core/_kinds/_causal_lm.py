@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import sys
 import warnings
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from ._zero3 import require_whole
 __all__ = ["adapt_causal_lm", "match_causal_lm"]
 
 KIND = "causal_lm_loss"
+_HALF = (torch.bfloat16, torch.float16)
 
 # The names every causal-LM forward the matcher probes uses: the base model, the head and the loss.
 _REQUIRED = frozenset({"model", "lm_head", "loss_function"})
@@ -365,6 +367,11 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
         evidence = f"probe: the logits are lm_head(h {into})"
     if scale is not None:
         evidence += f" {scale} (folded into the kernel as logit_scale={scale.factor:g})"
+        if math.frexp(scale.factor)[0] != 0.5 and (param_dtype(lm_head) or lm_head.weight.dtype) in _HALF:
+            # Eager rounds s * z in the model dtype; a kernel that scales elsewhere differs within a stated bound.
+            evidence += (" (not a power of two: in half precision a kernel that scales other than in the logits' "
+                         "dtype differs from eager by at most one rounding of each logit and scaled hidden value, "
+                         "as the kernel conventions bound it)")
     if softcap is not None:
         evidence += f" soft-capped at {softcap:g}"
     evidence += ", the loss ForCausalLMLoss of them"

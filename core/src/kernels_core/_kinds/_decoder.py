@@ -80,7 +80,10 @@ class Layout:
 
     ``fused`` is the norm after the attention's residual add (the kernel's weight); ``attention_norm`` and
     ``mlp_norm`` are norms on the attention's and the MLP's output before their residual adds (sandwich); a
-    ``multiplier`` attribute scales both branches before their residual adds (Granite).
+    ``multiplier`` attribute scales both branches before their residual adds (Granite); ``attention_dropout`` and
+    ``mlp_dropout`` are dropout modules on each branch before its add (Emu3, Phi-3); ``shared_mlp`` is a module
+    whose output is added to the MLP's where the layer has one (Granite-MoE-Shared); ``mlp_tuple`` says that the MLP
+    returns ``(hidden states, router scores)``, of which the layer keeps the first (gpt-oss).
     """
 
     fused: str = "post_attention_layernorm"
@@ -88,21 +91,31 @@ class Layout:
     mlp_norm: str | None = None
     multiplier: str | None = None
     mlp: str = "mlp"
+    attention_dropout: str | None = None
+    mlp_dropout: str | None = None
+    shared_mlp: str | None = None
+    mlp_tuple: bool = False
 
     def names(self) -> frozenset[str]:
-        extra = {n for n in (self.attention_norm, self.mlp_norm, self.multiplier) if n}
+        extra = {n for n in (self.attention_norm, self.mlp_norm, self.multiplier, self.attention_dropout,
+                             self.mlp_dropout, self.shared_mlp) if n}
         return frozenset({"input_layernorm", "self_attn", self.mlp, self.fused, *extra})
 
 
 _STANDARD = Layout()
-# (fused, attention_norm, mlp_norm) of the sandwich layouts: Gemma 2/3, GLM-4, AFMoE.
-_SANDWICHES = (("pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
-               ("post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
-               ("pre_mlp_layernorm", "post_attention_layernorm", "post_mlp_layernorm"))
+# (fused, attention_norm, mlp_norm): the pre-norm template's norm, VaultGemma's (named for the MLP it precedes), and
+# the sandwich layouts: Gemma 2/3, GLM-4, AFMoE.
+_NORMS = (("post_attention_layernorm", None, None), ("pre_feedforward_layernorm", None, None),
+          ("pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
+          ("post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
+          ("pre_mlp_layernorm", "post_attention_layernorm", "post_mlp_layernorm"))
 # What families call the feed-forward block (an MoE one included): Llama, Granite-MoE / Mixtral of old, Llama 4.
 _MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")
-_LAYOUTS = tuple(Layout(mlp=m) for m in _MLP_NAMES) + tuple(
-    Layout(fused=f, attention_norm=a, mlp_norm=n, mlp=m) for f, a, n in _SANDWICHES for m in _MLP_NAMES)
+# Dropout modules on the attention's and the MLP's branch before their residual adds: Emu3's one, Phi-3's two.
+_DROPOUTS = ((None, None), ("dropout", "dropout"), ("resid_attn_dropout", "resid_mlp_dropout"))
+_LAYOUTS = tuple(
+    Layout(fused=f, attention_norm=a, mlp_norm=n, mlp=m, attention_dropout=da, mlp_dropout=dm, shared_mlp=shared)
+    for f, a, n in _NORMS for m in _MLP_NAMES for da, dm in _DROPOUTS for shared in (None, "shared_mlp"))
 
 
 def _layout(module: nn.Module) -> Layout | None:
@@ -181,7 +194,8 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         raise TypeError(f"{type(module).__name__}: {arguments}")
     names, defaults = arguments.positional, dict(arguments.defaults)
     fused, attention_norm, mlp_norm, mlp = layout.fused, layout.attention_norm, layout.mlp_norm, layout.mlp
-    multiplier = layout.multiplier
+    multiplier, shared_mlp, mlp_tuple = layout.multiplier, layout.shared_mlp, layout.mlp_tuple
+    attention_dropout, mlp_dropout = layout.attention_dropout, layout.mlp_dropout
     # The kernel reads the fused norm's weight without calling it. A module put in the norm's place after
     # kernelize (an unknown wrapper, fully_shard of the norm alone) would be bypassed: then the layer runs its own
     # forward, checked at every call (a type test). PEFT's modules_to_save runs a trainable copy of the norm, whose
@@ -212,6 +226,8 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
         if attention_norm is not None:
             hidden_states = self._modules[attention_norm](hidden_states)
+        if attention_dropout is not None:
+            hidden_states = self._modules[attention_dropout](hidden_states)
         if multiplier is not None:
             # As the layer computes it (residual + h * m): the product rounded in the activations' dtype, then added.
             hidden_states = hidden_states * getattr(self, multiplier)
@@ -234,9 +250,17 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
             hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
             if how == HOOKS:
                 hidden_states = exit_forward(norm, inputs, hidden_states)
-        hidden_states = self._modules[mlp](hidden_states)
+        normed = hidden_states
+        hidden_states = self._modules[mlp](normed)
+        if mlp_tuple:
+            hidden_states, _ = hidden_states
+        shared = self._modules.get(shared_mlp) if shared_mlp is not None else None
+        if shared is not None:  # as the layer does: the shared experts' output added to the routed ones'
+            hidden_states = hidden_states + shared(normed)
         if mlp_norm is not None:
             hidden_states = self._modules[mlp_norm](hidden_states)
+        if mlp_dropout is not None:
+            hidden_states = self._modules[mlp_dropout](hidden_states)
         if multiplier is not None:
             hidden_states = hidden_states * getattr(self, multiplier)
         return residual + hidden_states
@@ -289,7 +313,8 @@ def _structure_problem(module: nn.Module) -> str | None:
                 f"multiplier], post_attention_layernorm, mlp, residual add) nor Gemma's sandwich of norms: it "
                 f"{' and '.join(parts)}{because}")
     for child in layout.names() - {layout.multiplier}:
-        if not isinstance(module._modules.get(child), nn.Module):
+        if not isinstance(module._modules.get(child), nn.Module) and not (child == layout.shared_mlp
+                                                                            and module._modules.get(child) is None):
             return f"{child} is not a sub-module"
     wrapped = decorator_chain_problem(type(module).forward)
     if wrapped:
@@ -372,7 +397,7 @@ def _probe_kwargs(module: nn.Module, ctx: MatchContext, x: torch.Tensor, gen: to
         kwargs["position_ids"] = position_ids
     if "position_embeddings" not in params:
         return kwargs
-    embeddings = ctx.position_embeddings(x, position_ids)
+    embeddings = ctx.position_embeddings(x, position_ids) or _single_tensor_embeddings(ctx, x, position_ids)
     if embeddings is None:
         # No usable rotary module (a bare layer, say): rotate-half cos/sin over the model's rotary dims.
         dims = ctx.rotary_dims()
@@ -392,6 +417,29 @@ def _probe_kwargs(module: nn.Module, ctx: MatchContext, x: torch.Tensor, gen: to
     return kwargs
 
 
+def _single_tensor_embeddings(ctx: MatchContext, x: torch.Tensor, position_ids: torch.Tensor
+                              ) -> torch.Tensor | None:
+    """What a rotary module returning one tensor gives the layers (DeepSeek-V2's complex ``freqs_cis``), if any."""
+    for rotary in ctx.rotary_modules():
+        try:
+            with torch.no_grad():
+                out = rotary(x, position_ids)
+        except Exception:  # noqa: BLE001 - another signature: the caller synthesises cos/sin
+            continue
+        if isinstance(out, torch.Tensor):
+            return out
+    return None
+
+
+def _causal_mask(x: torch.Tensor) -> torch.Tensor:
+    """The additive ``[B, 1, S, S]`` causal mask (0 where a query sees a key, the dtype's minimum elsewhere): the same
+    attention as no mask with a causal flag, for layers that read the mask themselves (DeepSeek-V3.2's indexer)."""
+    batch, tokens = x.shape[0], x.shape[1]
+    blocked = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).triu(1)
+    mask = torch.zeros(tokens, tokens, dtype=x.dtype, device=x.device).masked_fill(blocked, torch.finfo(x.dtype).min)
+    return mask.expand(batch, 1, tokens, tokens)
+
+
 def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, variant: str, params: dict[str, Any],
            device: torch.device, dtype: torch.dtype, hidden: int, layout: Layout = _STANDARD) -> Match | Decline:
     gen = ctx.generator(device)
@@ -408,15 +456,31 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
     try:
         actual = run(original)
     except Exception as exc:  # noqa: BLE001 - a layer we cannot probe is left alone
-        return Decline(KIND, f"probe forward raised {type(exc).__name__}: {exc}")
+        if "attention_mask" not in kwargs:
+            return Decline(KIND, f"probe forward raised {type(exc).__name__}: {exc}")
+        # Some attentions read the mask themselves and need it spelled out (DeepSeek-V3.2's sparse-attention
+        # indexer): the same causal attention, as a 4-D additive mask.
+        kwargs["attention_mask"] = _causal_mask(x)
+        try:
+            actual = run(original)
+        except Exception as exc_with_mask:  # noqa: BLE001
+            return Decline(KIND, f"probe forward raised {type(exc).__name__}: {exc} (with a 4-D causal mask: "
+                                 f"{type(exc_with_mask).__name__}: {exc_with_mask})")
     if not all(isinstance(out, torch.Tensor) for out in actual):
         return Decline(KIND, f"forward returns {type(actual[0]).__name__}, not the hidden states tensor")
     ctx.note_probe(module, KIND, (x,), kwargs, actual[0])
     try:
         expected = run(template)
     except Exception as exc:  # noqa: BLE001
-        return Decline(KIND, f"the pre-norm template raised {type(exc).__name__} on this layer ({exc}); its "
-                             "sub-modules do not behave like Llama's (an MLP returning a tuple?)")
+        # An MLP returning (hidden states, router scores), which the layer unpacks (gpt-oss): the same names, so
+        # only running it tells; the comparison below still decides.
+        layout = dataclasses.replace(layout, mlp_tuple=True)
+        try:
+            expected = run(_fused_forward(module, _reference.residual_rms_norm, **params, layout=layout))
+        except Exception:  # noqa: BLE001
+            return Decline(KIND, f"the pre-norm template raised {type(exc).__name__} on this layer ({exc}), also "
+                                 "taking the first of a tuple the MLP returns; its sub-modules do not behave like "
+                                 "Llama's")
     if not all(close(a, e, dtype) for a, e in zip(actual, expected, strict=True)):
         if not all(close(a, e, dtype) for a, e in zip(run(original), actual, strict=True)):
             return Decline(KIND, "two probes of the layer's own forward differ: it draws random numbers the probe's "
@@ -428,7 +492,11 @@ def _probe(module: nn.Module, original: Callable[..., Any], ctx: MatchContext, v
     casting = params["casting"]
     shape = ("a sandwich of norms" if layout.attention_norm else "the pre-norm decoder template") + (
         f" with residual multiplier {layout.multiplier}" if layout.multiplier else "") + (
-        f" ({layout.mlp} as the MLP)" if layout.mlp != "mlp" else "")
+        f" with dropout on the residual branches ({layout.attention_dropout}, {layout.mlp_dropout})"
+        if layout.attention_dropout else "") + (
+        f" ({layout.mlp} as the MLP{f' plus {layout.shared_mlp}' if layout.shared_mlp else ''}"
+        f"{', the first of the tuple it returns' if layout.mlp_tuple else ''})"
+        if (layout.mlp, layout.shared_mlp, layout.mlp_tuple) != ("mlp", None, False) else "")
     evidence = (f"forward is {shape} and a probe of the layer matches it with the fused {variant}/{casting} "
                 f"residual add + RMSNorm ({layout.fused})")
     if is_partitioned(module._modules[layout.fused].weight):

@@ -139,8 +139,8 @@ def causal_lm_loss(
 ) -> torch.Tensor:
     """Cross-entropy over already-shifted labels, exactly as transformers' ``fixed_cross_entropy``.
 
-    ``logit_scale`` multiplies the logits (in float32, before any soft-capping): Granite divides them by
-    ``logits_scaling``, Command-R multiplies them by ``logit_scale``.
+    ``logit_scale`` multiplies the logits before any soft-capping, in their own dtype and then upcast, as eager
+    Command-R (``* logit_scale``) and Granite (``/ logits_scaling``, passed as its inverse) compute them.
 
     Example:
         >>> h, w, labels = torch.randn(4, 8), torch.randn(16, 8), torch.tensor([1, 2, -100, 3])
@@ -148,9 +148,10 @@ def causal_lm_loss(
         >>> bool(torch.allclose(halved, causal_lm_loss(h * 0.5, w, labels)))
         True
     """
-    logits = F.linear(hidden_states, weight, bias).float()
+    logits = F.linear(hidden_states, weight, bias)
     if logit_scale is not None:
         logits = logits * logit_scale
+    logits = logits.float()
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     reduction = "sum" if num_items_in_batch is not None else "mean"

@@ -108,11 +108,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             stop = min(start + rows_per_chunk, num_tokens)
             h = hidden[start:stop]
             # Same op and dtype as eager `lm_head(hidden)`, then the same float32 upcast as ForCausalLMLoss.
-            logits = F.linear(h, weight, bias).float()
+            logits = F.linear(h, weight, bias)
             if logit_scale is not None:
-                # Granite's divisor, Command-R's multiplier: in float32, where eager scales the logits in the model
-                # dtype (the same numbers when the scale is a power of two, as those families' are).
+                # Command-R's multiplier, Granite's divisor (as 1 / logits_scaling): in the logits' dtype, before the
+                # upcast, as eager scales them, so half-precision logits get eager's rounding of the product (in
+                # place: no second chunk of logits).
                 logits.mul_(logit_scale)
+            logits = logits.float()
             tanh = None
             if softcap is not None:
                 tanh = torch.tanh(logits.div_(softcap))
@@ -230,8 +232,8 @@ def fused_linear_cross_entropy(
         ignore_index: label value whose rows are skipped.
         num_items_in_batch: divisor for the summed loss (gradient accumulation); ``None`` means mean.
         softcap: final-logit soft-capping value, or ``None``.
-        logit_scale: a factor the logits are multiplied by (in float32, before any soft-capping), or ``None``:
-            Granite's ``1 / logits_scaling``, Command-R's ``logit_scale``.
+        logit_scale: a factor the logits are multiplied by (in their own dtype, as eager does, then upcast; before
+            any soft-capping), or ``None``: Granite's ``1 / logits_scaling``, Command-R's ``logit_scale``.
         chunk_size: tokens per chunk; ``None`` derives it from ``memory_budget`` and the vocabulary size.
         memory_budget: bytes of logit work space per chunk (see :data:`DEFAULT_MEMORY_BUDGET`).
 
