@@ -57,11 +57,11 @@ def is_modern_decoder(model: Any) -> bool:
             and any(name.endswith("inv_freq") for m in modules for name in m._buffers))
 
 
-def family_row(model_type: str) -> dict[str, Any]:
+def family_row(model_type: str, **overrides: Any) -> dict[str, Any]:
     """``{"family", "modern", kind: {"kernel", "variant", "reason"}}`` for one model type, or ``{"family", "error"}``.
 
     A kind the model has no module of is absent; a kind bound on some modules only counts as bound (``partial``
-    names how many).
+    names how many). ``overrides`` are configuration settings for ``tiny_family_causal_lm``.
     """
     import kernels_core
     from kernels_core import Mode
@@ -71,7 +71,7 @@ def family_row(model_type: str) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            model = tiny_family_causal_lm(model_type)
+            model = tiny_family_causal_lm(model_type, **overrides)
         except Exception as exc:  # noqa: BLE001 - a family this transformers cannot build tiny
             return {**row, "error": f"cannot be built from a tiny config: {type(exc).__name__}: {exc}"[:300]}
         row["modern"] = is_modern_decoder(model)

@@ -32,6 +32,16 @@ EXPECTED = {
     "ernie4_5": (LOSS, RESIDUAL, ROTARY),
     "helium": (LOSS, RESIDUAL, ROTARY),
     "cohere": (LOSS,),
+    # The layouts added since: VaultGemma's norm, DeepSeek-V2 / V3.2's probes (complex rotary, explicit mask),
+    # Phi-3 / Emu3 residual dropout, Granite-MoE-Shared, gpt-oss's tuple-returning MLP; Flint's sliding layers.
+    "vaultgemma": (LOSS, RESIDUAL, ROTARY),
+    "deepseek_v2": (LOSS, RESIDUAL),
+    "deepseek_v32": (LOSS, RESIDUAL, ROTARY),
+    "phi3": (LOSS, RESIDUAL, ROTARY),
+    "emu3": (LOSS, RESIDUAL, ROTARY),
+    "granitemoeshared": (LOSS, RESIDUAL, ROTARY),
+    "gpt_oss": (LOSS, RESIDUAL),
+    "flint": (LOSS, RESIDUAL, ROTARY),
 }
 
 
@@ -46,3 +56,17 @@ def test_family_gets_cuda_kernels(family):
     for kind in family_table.KINDS:
         cell = row.get(kind)
         assert cell is None or cell["kernel"] or cell["reason"], f"{family} {kind}: declined without a reason"
+
+
+def test_the_gpu_tests_expect_what_resolution_gives():
+    """test_families_gpu.py's cases expect a CUDA kernel of a variant per kind: resolved here first, on the CPU, so
+    a GPU run fails only on numbers."""
+    import test_families_gpu
+
+    for case, (family, overrides, expected) in sorted(test_families_gpu.CASES.items()):
+        row = family_table.family_row(family, **overrides)
+        assert "error" not in row, f"{case}: {row['error']}"
+        for kind, variant in expected.items():
+            cell = row.get(kind) or {}
+            assert (cell.get("kernel") or "").startswith("cuda.") and cell.get("variant") == variant, (
+                f"{case} {kind}: {cell}")

@@ -33,7 +33,10 @@ PRE_NORM = {"llama": "standard", "mistral": "standard", "qwen2": "standard", "qw
             "glm4": "standard",
             # Phi-3's dropout on each residual branch, gpt-oss's MLP returning (hidden states, router scores),
             # VaultGemma's norm named for the MLP, Granite-MoE-Shared's shared experts beside the routed ones.
-            "phi3": "standard", "gpt_oss": "standard", "vaultgemma": "offset", "granitemoeshared": "standard"}
+            "phi3": "standard", "gpt_oss": "standard", "vaultgemma": "offset", "granitemoeshared": "standard",
+            # HyperCLOVA X: a norm on each branch's output (peri-layer norm) and a residual multiplier; Apertus:
+            # the template's norms named attention_layernorm / feedforward_layernorm.
+            "hyperclovax": "standard", "apertus": "standard"}
 # Settings that make a multiplier, norm or dropout visible in the numbers (a default of 1.0 or 0.0 would hide a
 # missing one).
 OVERRIDES = {"granite": {"residual_multiplier": 0.22, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
@@ -41,6 +44,7 @@ OVERRIDES = {"granite": {"residual_multiplier": 0.22, "embedding_multiplier": 12
              "granitemoeshared": {"residual_multiplier": 0.22, "shared_intermediate_size": 40, "num_local_experts": 4,
                                   "num_experts_per_tok": 2},
              "phi3": {"resid_pdrop": 0.2},
+             "hyperclovax": {"residual_multiplier": 0.3},
              "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "layer_types": ["sliding_attention",
                                                                                           "full_attention"]}}
 
@@ -100,7 +104,8 @@ def test_other_layer_layouts_are_left_alone_with_the_reason(family, ref_pm, call
 @pytest.mark.parametrize("plugin", ["reference", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma", "qwen3_moe", "gemma2", "gemma3_text",
-                                    "granite", "glm4", "phi3", "gpt_oss", "vaultgemma", "granitemoeshared"])
+                                    "granite", "glm4", "phi3", "gpt_oss", "vaultgemma", "granitemoeshared",
+                                    "hyperclovax", "apertus"])
 def test_fused_layers_match_eager_forward_and_backward(family, dtype, plugin, ref_pm, pm, calls):
     model = _model(family, dtype=dtype, **OVERRIDES.get(family, {}))
     ids = torch.randint(3, 100, (2, 11))
@@ -135,7 +140,7 @@ def test_fused_layers_match_eager_forward_and_backward(family, dtype, plugin, re
         assert calls[KIND] == 2 * layers
         assert calls["rms_norm"] == 2 * norms, "every RMSNorm the report lists, twice"
         fused = ("pre_feedforward_layernorm" if family in ("gemma2", "gemma3_text", "vaultgemma")
-                 else "post_attention_layernorm")
+                 else "feedforward_layernorm" if family == "apertus" else "post_attention_layernorm")
         assert sorted(e.module for e in report.covered) == [f"model.layers.{i}.{fused}" for i in range(layers)]
 
 

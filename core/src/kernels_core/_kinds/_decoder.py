@@ -6,18 +6,23 @@ transformers' Llama-style decoder layer (Llama, Mistral, Qwen2/3, Gemma, Mixtral
     h = residual + h; residual = h; h = post_attention_layernorm(h)     <- residual_rms_norm: one kernel
     h = mlp(h); h = residual + h
 
-Two more layouts compute the same add + norm:
+Variants compute the same add + norm, each verified the same way:
 
 - residual multipliers (Granite, MiniCPM): ``h = residual + h * m`` after attention and after the MLP, ``m`` a
   number the layer holds; the kernel gets ``h * m`` (computed as the layer does) as its input;
-- sandwich norms (Gemma 2/3): ``h = residual + post_attention_layernorm(attn)``, then ``pre_feedforward_layernorm``
-  (the norm the kernel fuses), the MLP, ``post_feedforward_layernorm``, the residual add.
+- norms on the branches (sandwich: Gemma 2/3, GLM-4, AFMoE, HyperCLOVA X): ``h = residual + attention_norm(attn)``,
+  then the fused norm (``pre_feedforward_layernorm`` in Gemma's naming, as VaultGemma names it without the
+  sandwich), the MLP, the MLP's output norm, the residual add;
+- dropout modules on the branches before their adds (Emu3, Phi-3), called as the layer calls them;
+- shared experts added to the routed MLP's output (Granite-MoE-Shared), and an MLP returning (hidden states, router
+  scores) of which the layer keeps the first (gpt-oss).
 
 The matcher accepts a layer only if its class forward uses exactly the sub-modules (and multiplier) of one layout
 and hands every argument on (checked in its code), and a probe of the layer's own forward, with real attention
 inputs, equals the adapter running the reference math, in eval and in training behaviour. Post-norm layouts
-(OLMo-2, EXAONE-4: no norm follows the residual add), GLM-4's four norms, parallel attention and MLP (Cohere, Phi)
-and residual dropout (Phi-3) are declined with the reason.
+(OLMo-2, EXAONE-4: no norm follows the residual add), parallel attention and MLP (Cohere), hyper-connections
+(DeepSeek-V4), per-layer token mixers (Qwen3-Next) and the like are declined, the reason naming what the layer
+does instead.
 
 The adapter keeps the layer's own ``input_layernorm``, ``self_attn`` and ``mlp`` (their kernels still apply) and
 hands only the residual add and the norm after it to the kernel; the match declares that norm bypassed,
@@ -81,12 +86,15 @@ class Layout:
     ``fused`` is the norm after the attention's residual add (the kernel's weight); ``attention_norm`` and
     ``mlp_norm`` are norms on the attention's and the MLP's output before their residual adds (sandwich); a
     ``multiplier`` attribute scales both branches before their residual adds (Granite); ``attention_dropout`` and
-    ``mlp_dropout`` are dropout modules on each branch before its add (Emu3, Phi-3); ``shared_mlp`` is a module
-    whose output is added to the MLP's where the layer has one (Granite-MoE-Shared); ``mlp_tuple`` says that the MLP
-    returns ``(hidden states, router scores)``, of which the layer keeps the first (gpt-oss).
+    ``mlp_dropout`` are dropout modules on each branch before its add (Emu3, Phi-3); ``input_norm`` is the norm
+    before attention (``attention_layernorm`` in Apertus, whose fused one is ``feedforward_layernorm``);
+    ``shared_mlp`` is a module whose output is added to the MLP's where the layer has one (Granite-MoE-Shared);
+    ``mlp_tuple`` says that the MLP returns ``(hidden states, router scores)``, of which the layer keeps the first
+    (gpt-oss).
     """
 
     fused: str = "post_attention_layernorm"
+    input_norm: str = "input_layernorm"
     attention_norm: str | None = None
     mlp_norm: str | None = None
     multiplier: str | None = None
@@ -99,23 +107,30 @@ class Layout:
     def names(self) -> frozenset[str]:
         extra = {n for n in (self.attention_norm, self.mlp_norm, self.multiplier, self.attention_dropout,
                              self.mlp_dropout, self.shared_mlp) if n}
-        return frozenset({"input_layernorm", "self_attn", self.mlp, self.fused, *extra})
+        return frozenset({self.input_norm, "self_attn", self.mlp, self.fused, *extra})
 
 
 _STANDARD = Layout()
-# (fused, attention_norm, mlp_norm): the pre-norm template's norm, VaultGemma's (named for the MLP it precedes), and
-# the sandwich layouts: Gemma 2/3, GLM-4, AFMoE.
-_NORMS = (("post_attention_layernorm", None, None), ("pre_feedforward_layernorm", None, None),
-          ("pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
-          ("post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
-          ("pre_mlp_layernorm", "post_attention_layernorm", "post_mlp_layernorm"))
+# (input_norm, fused, attention_norm, mlp_norm): the pre-norm template's norms, VaultGemma's fused one (named for the
+# MLP it precedes), Apertus's names, and the sandwich layouts: Gemma 2/3, GLM-4, AFMoE, HyperCLOVA X's peri-layer
+# norms.
+_NORMS = (("input_layernorm", "post_attention_layernorm", None, None),
+          ("input_layernorm", "pre_feedforward_layernorm", None, None),
+          ("attention_layernorm", "feedforward_layernorm", None, None),
+          ("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
+          ("input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
+          ("input_layernorm", "pre_mlp_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),
+          ("input_layernorm", "post_attention_layernorm", "post_norm1", "post_norm2"))
 # What families call the feed-forward block (an MoE one included): Llama, Granite-MoE / Mixtral of old, Llama 4.
 _MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")
 # Dropout modules on the attention's and the MLP's branch before their residual adds: Emu3's one, Phi-3's two.
 _DROPOUTS = ((None, None), ("dropout", "dropout"), ("resid_attn_dropout", "resid_mlp_dropout"))
 _LAYOUTS = tuple(
-    Layout(fused=f, attention_norm=a, mlp_norm=n, mlp=m, attention_dropout=da, mlp_dropout=dm, shared_mlp=shared)
-    for f, a, n in _NORMS for m in _MLP_NAMES for da, dm in _DROPOUTS for shared in (None, "shared_mlp"))
+    Layout(fused=f, input_norm=i, attention_norm=a, mlp_norm=n, mlp=m, attention_dropout=da, mlp_dropout=dm,
+           shared_mlp=shared)
+    for i, f, a, n in _NORMS for m in _MLP_NAMES for da, dm in _DROPOUTS for shared in (None, "shared_mlp"))
+# The names a decoder layer's norms go by: a layer holding none of them is no candidate.
+_NORM_NAMES = frozenset(name for names in _NORMS for name in names if name)
 
 
 def _layout(module: nn.Module) -> Layout | None:
@@ -143,6 +158,19 @@ _EXPLAINED = {
     "resid_attn_dropout": "dropout on the residual branch",
     "resid_mlp_dropout": "dropout on the residual branch",
     "resid_dropout": "dropout on the residual branch",
+    "attn_hc": "hyper-connections: several residual streams mixed by learned maps around each branch, not one "
+               "residual add",
+    "block_type": "the token mixer is chosen per layer (linear attention or self-attention), called with other "
+                  "arguments each",
+    "linear_attn": "the token mixer is chosen per layer (linear attention or self-attention), called with other "
+                   "arguments each",
+    "attn_alpha_factor": "DeepNorm: the residual is the normed input times one factor, added to the branch times "
+                         "another, and the norm's output becomes the next residual",
+    "is_moe_layer": "the feed-forward output is unpacked on MoE layers and reshaped to the residual's shape",
+    "mlps": "two attention and MLP sub-layers per layer, with a shortcut MLP's output added at the end",
+    "use_flexible_linear": "per-codebook linear layers that take extra arguments",
+    "input_residual": "the residual is multiplied by a learned vector before each add",
+    "depth_scaled_residual_add": "a depth-scaled residual add, not residual + branch",
 }
 
 _PROBE_TOKENS = 5
@@ -195,7 +223,7 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
     names, defaults = arguments.positional, dict(arguments.defaults)
     fused, attention_norm, mlp_norm, mlp = layout.fused, layout.attention_norm, layout.mlp_norm, layout.mlp
     multiplier, shared_mlp, mlp_tuple = layout.multiplier, layout.shared_mlp, layout.mlp_tuple
-    attention_dropout, mlp_dropout = layout.attention_dropout, layout.mlp_dropout
+    attention_dropout, mlp_dropout, input_norm = layout.attention_dropout, layout.mlp_dropout, layout.input_norm
     # The kernel reads the fused norm's weight without calling it. A module put in the norm's place after
     # kernelize (an unknown wrapper, fully_shard of the norm alone) would be bypassed: then the layer runs its own
     # forward, checked at every call (a type test). PEFT's modules_to_save runs a trainable copy of the norm, whose
@@ -222,7 +250,7 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         # The template hands every argument on to self_attn as a keyword, **kwargs included.
         attention_kwargs = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self._modules[input_norm](hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_kwargs)
         if attention_norm is not None:
             hidden_states = self._modules[attention_norm](hidden_states)
@@ -286,7 +314,7 @@ def match_residual_rms_norm(module: nn.Module, name: str, ctx: MatchContext) -> 
     """Pre-norm decoder layers whose ``post_attention_layernorm`` is an RMSNorm, verified by a probe."""
     children = module._modules
     if not (isinstance(children.get("self_attn"), nn.Module)
-            and any(isinstance(children.get(n), nn.Module) for n in ("input_layernorm", "post_attention_layernorm"))):
+            and any(isinstance(children.get(n), nn.Module) for n in _NORM_NAMES)):
         return None
     if getattr(plain_class_forward(module), "__code__", None) is None:
         return None
@@ -310,7 +338,8 @@ def _structure_problem(module: nn.Module) -> str | None:
             why.append("no norm follows the attention's residual add (post-norm), so there is no add + norm to fuse")
             because = f" ({'; '.join(why)})"
         return (f"forward is not the pre-norm template (input_layernorm, self_attn, residual add [x a residual "
-                f"multiplier], post_attention_layernorm, mlp, residual add) nor Gemma's sandwich of norms: it "
+                f"multiplier], post_attention_layernorm, mlp, residual add) nor a variant of it the fused forward "
+                f"re-creates (norms on the branches, dropout on the branches, shared experts): it "
                 f"{' and '.join(parts)}{because}")
     for child in layout.names() - {layout.multiplier}:
         if not isinstance(module._modules.get(child), nn.Module) and not (child == layout.shared_mlp
