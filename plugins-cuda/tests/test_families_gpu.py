@@ -1,15 +1,15 @@
 """The layouts the family sweep added, through kernels-cuda's kernels on an NVIDIA GPU, against eager.
 
-Granite (residual multipliers, logits over logits_scaling: the Liger loss's ``scaled`` path, with Granite-3's 1/16
-and Granite-MoE-1B's 1/6, which is not a power of two), Gemma 2/3 (the residual add fused with
+Granite (residual multipliers, logits over logits_scaling: the Liger loss's ``scaled`` path, with 1/8 and
+Granite-MoE-1B's 1/6, which is not a power of two), Gemma 2/3 (the residual add fused with
 ``pre_feedforward_layernorm`` between sandwich norms), VaultGemma (that norm alone), DeepSeek-V3 (multi-head latent
 attention: the rope part of each head, pair-wise with ``rope_interleave`` and rotate-half without it), DeepSeek-V2
 and V3.2 (their decoder layers' add + norm, probed with V2's complex rotary and V3.2's explicit mask), GLM-4 and
 ERNIE 4.5 (pair-wise rotary de-interleaved around the Triton kernel), Flint (rotary on its sliding layers only),
 Cohere (logits times logit_scale), Phi-3 (dropout modules on the residual branches), Granite-MoE-Shared (shared
-experts beside the routed ones), gpt-oss (an MLP returning router scores too). Tiny configurations from each
-family's defaults (``tiny_family_causal_lm``), norm weights perturbed so casting and offset mistakes show; each step
-seeded alike, so dropout draws the same masks.
+experts beside the routed ones), gpt-oss (an MLP returning router scores too; rotary cos/sin with one angle per
+pair). Tiny configurations from each family's defaults (``tiny_family_causal_lm``), norm weights perturbed so
+casting and offset mistakes show; each step seeded alike, so dropout draws the same masks.
 
 float32: the kernels compute in float32 and agree with eager to ~1e-5 relative, apart from TF32 matmuls inside
 Triton kernels (~1e-3 per product): the loss within 1e-3 and every gradient within 2e-2 relative norm error, as
@@ -47,7 +47,7 @@ CASES = {
     "flint": ("flint", {}, {"rotary_embedding": "full"}),
     "phi3": ("phi3", {"resid_pdrop": 0.1}, {"residual_rms_norm": "standard"}),
     "granitemoeshared": ("granitemoeshared", {"residual_multiplier": 0.22}, {"residual_rms_norm": "standard"}),
-    "gpt_oss": ("gpt_oss", {}, {"residual_rms_norm": "standard"}),
+    "gpt_oss": ("gpt_oss", {}, {"residual_rms_norm": "standard", "rotary_embedding": "full"}),
 }
 
 

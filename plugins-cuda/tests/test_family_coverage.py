@@ -40,7 +40,7 @@ EXPECTED = {
     "phi3": (LOSS, RESIDUAL, ROTARY),
     "emu3": (LOSS, RESIDUAL, ROTARY),
     "granitemoeshared": (LOSS, RESIDUAL, ROTARY),
-    "gpt_oss": (LOSS, RESIDUAL),
+    "gpt_oss": (LOSS, RESIDUAL, ROTARY),
     "flint": (LOSS, RESIDUAL, ROTARY),
 }
 

@@ -122,6 +122,24 @@ def _model_cos_dtype(ctx: MatchContext, dtype: torch.dtype, device: torch.device
     return embeddings[0].dtype if embeddings is not None and embeddings[0].is_floating_point() else dtype
 
 
+def _one_angle_per_pair(ctx: MatchContext, rotary_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the model's rotary embedding hands over cos/sin with one entry per rotated pair (``rotary_dim / 2``
+    wide, gpt-oss) rather than the rotate-half convention's duplicated halves (``rotary_dim`` wide)."""
+    embeddings = ctx.position_embeddings(torch.zeros(1, 2, 8, device=device, dtype=dtype),
+                                         torch.arange(2, device=device)[None])
+    return embeddings is not None and embeddings[0].shape[-1] * 2 == rotary_dim
+
+
+def _one_tensor_at_a_time(fn: Callable[..., Any]) -> list[str] | None:
+    """The leading parameter names of a rotary function that takes one tensor and then cos/sin (DeepSeek-V4's
+    ``apply_rotary_pos_emb(x, cos, sin)``), or None for the kind's ``(q, k, cos, sin)``."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names[:3] if len(names) >= 2 and names[1] == "cos" else None
+
+
 def match_rotary(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
     """Attention modules whose forward applies ``apply_rotary_pos_emb`` in the rotate-half form."""
     code = getattr(plain_class_forward(module), "__code__", None)
@@ -228,9 +246,16 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
         return Decline("rotary_embedding", f"this layer's forward does not call {global_name} (probed with position "
                                            "embeddings given): it rotates nothing here (a layer without positional "
                                            "encoding, as Flint's full-attention or SmolLM3's NoPE layers)")
+    single = _one_tensor_at_a_time(fn)
+    if single is not None:
+        return Decline("rotary_embedding", f"{global_name} rotates one tensor at a time ({', '.join(single)}); the "
+                                           "kind's kernels rotate q and k together, (q, k, cos, sin)")
     output_dtype = _output_dtype_policy(fn, device, ctx)
     cos_dtype = _model_cos_dtype(ctx, dtype, device)
+    per_pair = _one_angle_per_pair(ctx, rotary_dim, dtype, device)
     params = {"global_name": global_name, "head_dim": head_dim, "rotary_dim": rotary_dim, "output_dtype": output_dtype}
+    if per_pair:
+        params["angles"] = "per_pair"
     # Some attentions pass the whole head (the function rotates part of it), others slice first and pass only
     # the rotated part (Phi); probe both input widths. cos/sin come in the dtype the model's rotary embedding
     # really produces, so the probe sees the forward's own rounding and output dtype.
@@ -242,29 +267,34 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
         angles = ctx.randn(1, 5, rotary_dim // 2, device=device, dtype=torch.float32, gen=gen) * 3
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = emb.cos().to(cos_dtype), emb.sin().to(cos_dtype)
+        # What the function is handed: the convention's duplicated halves, or one angle per pair (gpt-oss), which
+        # is the same rotation of the halves with cos/sin not duplicated.
+        given = (cos[..., : rotary_dim // 2], sin[..., : rotary_dim // 2]) if per_pair else (cos, sin)
         with torch.no_grad():
             try:
-                actual = fn(q, k, cos, sin)
+                actual = fn(q, k, *given)
             except Exception as exc:  # noqa: BLE001 - an unusual signature or layout: leave it alone
                 failure = f"probe of {global_name} raised {type(exc).__name__}: {exc}"
                 continue
             if not (isinstance(actual, tuple) and len(actual) == 2):
                 return Decline("rotary_embedding", f"{global_name} does not return (q, k)")
-            ctx.note_probe(module, "rotary_embedding", (q, k, cos, sin), {}, actual)
-            layouts = {
-                "half": _reference.rotary(q, k, cos, sin),
-                "interleaved": _interleaved_reference(q, k, cos, sin),
-                "deinterleave": _reference.rotary(_deinterleave(q, rotary_dim), _deinterleave(k, rotary_dim), cos,
-                                                  sin),
-            }
+            ctx.note_probe(module, "rotary_embedding", (q, k, *given), {}, actual)
+            layouts = {"half": _reference.rotary(q, k, cos, sin)}
+            if not per_pair:
+                layouts["interleaved"] = _interleaved_reference(q, k, cos, sin)
+                layouts["deinterleave"] = _reference.rotary(_deinterleave(q, rotary_dim), _deinterleave(k, rotary_dim),
+                                                            cos, sin)
         variant = "full" if rotary_dim == width else "partial"
         for layout, expected in layouts.items():
             if all(close(a, e, dtype) for a, e in zip(actual, _typed(expected, q, cos, output_dtype), strict=True)):
                 how = {"half": "rotate-half", "interleaved": "pair-wise (interleaved, re-paired by the adapter)",
                        "deinterleave": "pair-wise, returned de-interleaved (de-interleaved by the adapter)"}[layout]
                 extra = {} if layout == "half" else {"layout": layout}
+                angles_note = (" (cos/sin one angle per pair, duplicated by the adapter into the rotate-half "
+                               "convention's halves)") if per_pair else ""
                 return Match("rotary_embedding", variant, {**params, "input_dim": width, **extra},
-                             evidence=f"probe of {global_name} matches {how} rotary over {rotary_dim}/{width} dims")
+                             evidence=f"probe of {global_name} matches {how} rotary over {rotary_dim}/{width} dims"
+                                      f"{angles_note}")
         failure = ""
     if failure:
         return Decline("rotary_embedding", failure)
@@ -279,6 +309,7 @@ def adapt_rotary(module: nn.Module, match: Match, impl: Callable[..., Any], opti
     policy = match.params.get("output_dtype", "promoted")
     layout = match.params.get("layout", "half")
     rotary_dim = match.params["rotary_dim"]
+    per_pair = match.params.get("angles") == "per_pair"
 
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                              *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,6 +319,8 @@ def adapt_rotary(module: nn.Module, match: Match, impl: Callable[..., Any], opti
             unsqueeze_dim = args[position]
         else:
             unsqueeze_dim = default
+        if per_pair:  # one angle per pair (gpt-oss): the same rotation, cos/sin as the convention's halves
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         if layout == "half":
             q_out, k_out = impl(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
         else:
