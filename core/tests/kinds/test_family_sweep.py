@@ -109,3 +109,26 @@ def test_family_loss_and_gradients_equal_eager(family, ref_pm, calls):
         assert_close(grad, eager_grads[name], dtype=torch.float32, factor=2.0, what=f"{family} grad {name}")
     bound = {e.kind for e in entries if e.kernel and not e.left_to_compiler}
     assert bound <= set(calls), f"{family}: bound but never called: {bound - set(calls)}"
+
+
+@pytest.mark.parametrize(("family", "overrides", "rotating"), [
+    ("smollm3", {"num_hidden_layers": 4}, [True, True, True, False]),  # every fourth layer without RoPE
+    ("flint", {"layer_types": ["sliding_attention", "full_attention"]}, [True, False]),  # only sliding layers rotate
+])
+def test_rotary_is_bound_only_where_the_layer_rotates(family, overrides, rotating, ref_pm, calls):
+    """A layer whose forward names apply_rotary_pos_emb but skips it (NoPE, Flint's full attention) is declined with
+    that reason; every layer reported bound calls the kernel."""
+    if family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        pytest.skip(f"this transformers has no {family}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tiny_family_causal_lm(family, **overrides)
+        kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
+    rows = sorted((e for e in kernels_core.get_report(model).entries if e.kind == "rotary_embedding"),
+                  key=lambda e: e.module)
+    assert [bool(e.kernel) for e in rows] == rotating, [(e.module, e.kernel, e.reason) for e in rows]
+    for entry in rows:
+        assert entry.kernel or "does not call apply_rotary_pos_emb" in entry.reason, entry.reason
+    calls.clear()
+    model(input_ids=torch.randint(3, 100, (1, 6)))
+    assert calls["rotary_embedding"] == sum(rotating)
