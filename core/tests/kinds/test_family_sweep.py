@@ -24,23 +24,24 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 
 KINDS = ("causal_lm_loss", "residual_rms_norm", "rotary_embedding", "silu_gated_mlp", "rms_norm")
-# The model types of transformers 5.24's causal-LM mapping whose tiny model has an RMSNorm and a rotary embedding
+# The model types of transformers 5.24's causal-LM mapping whose tiny model (every kind of layer its configuration
+# names) has an RMSNorm and a rotary embedding
 # (``python -m tools.family_table`` finds them). Listed rather than found at run time: building every one of the
 # mapping's ~200 model types in one process, the older architectures' defaults included, takes more memory than CI
 # has; a type a newer transformers adds is covered by the docs table until it is listed here.
 MODERN = (
-    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam",
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "bamba", "beam",
     "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "diffllama", "doge", "emu3",
-    "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2",
-    "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "got_ocr2", "gpt_oss",
-    "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text", "hy_v3",
-    "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jetmoe", "kolibri1", "laguna", "lara_mini", "lfm2",
-    "llama", "llama4", "llama4_text", "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
-    "minimax_m2", "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "moshi",
-    "moss_transcribe_diarize", "nanochat", "olmo2", "olmo3", "olmoe", "phi3", "phi4_multimodal", "qwen2",
-    "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe",
-    "qwen3_next", "qwen4_exp", "qwen4_exp_text", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
-    "solar_open", "vaultgemma", "youtu",
+    "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon_h1", "flex_olmo", "flint", "gemma",
+    "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "got_ocr2",
+    "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text",
+    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jetmoe", "kolibri1", "laguna", "lara_mini",
+    "lfm2", "lfm3", "llama", "llama4", "llama4_text", "longcat_flash", "mellum", "mimo_v2_flash", "minicpm3",
+    "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "moshi",
+    "moss_transcribe_diarize", "nanochat", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "phi3", "phi4_multimodal",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe",
+    "qwen3_next", "qwen4_exp", "qwen4_exp_text", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open",
+    "vaultgemma", "youtu",
 )
 
 
