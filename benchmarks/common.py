@@ -304,6 +304,8 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
 }
 
 

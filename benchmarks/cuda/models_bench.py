@@ -1,6 +1,8 @@
 """Training benchmark on published model shapes cut to a few layers: the MoE shapes Qwen3-30B-A3B (128 experts,
-top-8) and Mixtral-8x7B (8 experts, top-2), and the dense Gemma-3-4B (sliding-window layers, offset norms, GeGLU,
-262k vocabulary) and Llama-3.1-8B. Random weights, bf16, AdamW, 2 x 4096 tokens. Each (model, variant) runs in a
+top-8), Mixtral-8x7B (8 experts, top-2) and DeepSeek-V2-Lite (multi-head latent attention, 64 routed experts top-6
+plus 2 shared, built as transformers' DeepSeek-V3 architecture), and the dense Gemma-3-4B (sliding-window layers,
+offset norms, GeGLU, 262k vocabulary), Llama-3.1-8B and Granite-3.0-8B (embedding, attention, residual and logit
+multipliers). Random weights, bf16, AdamW, 2 x 4096 tokens. Each (model, variant) runs in a
 fresh process; tokens/s over the timed steps, peak memory, and the first step's seconds (kernel compilation,
 autotuning and torch.compile all land there).
 
@@ -100,6 +102,23 @@ MODELS = {
     "qwen3-0.6b": dict(
         family="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+    ),
+    # Granite-3.0-8B: Llama's layout with four multipliers (the residual one on both branches, logits / 16).
+    "granite-3-8b-4l": dict(
+        family="granite", hidden_size=4096, intermediate_size=12800, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=49155, tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
+        embedding_multiplier=12.0, attention_multiplier=0.0078125, residual_multiplier=0.22, logits_scaling=16.0,
+        max_position_embeddings=4096,
+    ),
+    # DeepSeek-V2-Lite's sizes (MLA with kv_lora_rank 512 and no query compression, rope part 64 of 192 per head;
+    # first layer dense, then 64 routed experts top-6 and 2 shared) in transformers' DeepSeek-V3 architecture.
+    "deepseek-v2-lite-4l": dict(
+        family="deepseek_v3", hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+        num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, vocab_size=102400, tie_word_embeddings=False, rope_interleave=False,
+        max_position_embeddings=163840,
     ),
     "llama-3.1-8b-4l": dict(
         family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,

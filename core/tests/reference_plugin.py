@@ -51,10 +51,10 @@ def rotary(q, k, cos, sin, unsqueeze_dim=1):
     return reference.rotary(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 
-def causal_lm_loss(hidden, weight, labels, *, bias, ignore_index, num_items_in_batch, softcap):
+def causal_lm_loss(hidden, weight, labels, *, bias, ignore_index, num_items_in_batch, softcap, logit_scale=None):
     CALLS["causal_lm_loss"] += 1
     return reference.causal_lm_loss(hidden, weight, labels, bias=bias, ignore_index=ignore_index,
-                                    num_items_in_batch=num_items_in_batch, softcap=softcap)
+                                    num_items_in_batch=num_items_in_batch, softcap=softcap, logit_scale=logit_scale)
 
 
 def _experts(activation):
@@ -82,8 +82,8 @@ SPECS = (
                impl=f"{_M}:gelu_tanh_mul", priority=50, supports=_ALL, dtypes=_DTYPES),
     KernelSpec(id="ref.rotary", kind="rotary_embedding", variants=("full", "partial"), backend="any",
                impl=f"{_M}:rotary", priority=50, supports=_ALL, dtypes=_DTYPES),
-    KernelSpec(id="ref.causal_lm_loss", kind="causal_lm_loss", variants=("standard", "softcap"), backend="any",
-               impl=f"{_M}:causal_lm_loss", priority=50, supports=_ALL, dtypes=_DTYPES),
+    KernelSpec(id="ref.causal_lm_loss", kind="causal_lm_loss", variants=("standard", "softcap", "scaled"),
+               backend="any", impl=f"{_M}:causal_lm_loss", priority=50, supports=_ALL, dtypes=_DTYPES),
     KernelSpec(id="ref.moe_experts_silu", kind="moe_experts", variants=("silu",), backend="any",
                impl=f"{_M}:experts_silu", priority=50, supports=_ALL, dtypes=_DTYPES),
     KernelSpec(id="ref.moe_experts_gelu", kind="moe_experts", variants=("gelu_tanh",), backend="any",

@@ -87,7 +87,7 @@ def test_logits_grads_and_training_track_eager(family):
     ours = kernels_core.kernelize(copy.deepcopy(eager), mode=kernels_core.Mode.TRAINING)
     applied = _applied(ours)
     assert applied.get("rms_norm", "").startswith("cuda."), applied
-    if family not in ("gemma2", "gemma3_text", "phi3"):  # sandwich norms, residual dropout: not the pre-norm template
+    if family != "phi3":  # residual dropout: no add + norm to fuse
         assert applied.get("residual_rms_norm", "").startswith("cuda."), applied
     assert _loss_kernel(ours).startswith("cuda."), _applied(ours)
 
@@ -152,8 +152,8 @@ def test_torch_compile_fullgraph_on_kernelized_model(family, training, kernels):
                     if s.kind == "rms_norm" and s.supports & kernels_core.Supports.TORCH_COMPILE]
     best = max(compile_safe, key=lambda s: s.priority)
     expected = "cuda.rms_norm.torch" if kernels == "native" else best.id
-    # Gemma 2's sandwich-norm layers are no pre-norm template: their residual adds stay eager.
-    fused = None if family == "gemma2" else f"cuda.residual_rms_norm.{'torch' if kernels == 'native' else 'tuned'}"
+    # Gemma 2's sandwich-norm layers fuse the residual add with pre_feedforward_layernorm.
+    fused = f"cuda.residual_rms_norm.{'torch' if kernels == 'native' else 'tuned'}"
     if not training and kernels == "default":
         # Traced for inference these kernels are the plain math: the modules keep their own forward (no guards).
         assert best.left_to_compiler(mode)

@@ -39,7 +39,7 @@ FAMILIES = {
 MOE_FAMILIES = {"qwen3_moe", "mixtral"}
 GELU_FAMILIES = {"gemma", "gemma2", "gemma3_text"}  # GeGLU MLPs: npu_swiglu does not apply
 SOFTCAP_FAMILIES = {"gemma2"}  # attention logit softcapping: npu_fusion_attention declines
-NOT_PRE_NORM_FAMILIES = {"gemma2", "gemma3_text", "phi3"}  # sandwich norms, residual dropout: no residual_rms_norm
+NOT_PRE_NORM_FAMILIES = {"phi3"}  # residual dropout: no residual_rms_norm
 # Eager attention hands the attention function additive float masks, SDPA boolean ones (or none): cover both.
 EAGER_FAMILIES = {"gemma2", "mistral", "qwen3_moe"}
 

@@ -37,9 +37,12 @@ def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, to
     return tuple(t.to(DEV) for t in tensors)
 
 
-def _eager(labels, *, num_items=None, softcap=None):
+def _eager(labels, *, num_items=None, softcap=None, logit_scale=None):
     def loss(x, w, b=None):
-        logits = F.linear(x, w, b).float()
+        logits = F.linear(x, w, b)
+        if logit_scale is not None:  # as Granite / Command-R do: in the model's dtype, then the loss upcasts
+            logits = logits * logit_scale
+        logits = logits.float()
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
         total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum" if num_items else "mean")
@@ -47,27 +50,30 @@ def _eager(labels, *, num_items=None, softcap=None):
     return loss
 
 
-def _ours(labels, *, num_items=None, softcap=None, chunk_rows=MANY_CHUNKS):
+def _ours(labels, *, num_items=None, softcap=None, logit_scale=None, chunk_rows=MANY_CHUNKS):
     from kernels_triton import _loss
 
     def loss(x, w, b=None):
         # The adapter past its CPU routing: the same custom op call and division as on a GPU.
         with mock.patch.object(_loss, "_CHUNK_ROWS", chunk_rows):
             return _loss._liger_loss(x, w, labels, bias=b, ignore_index=-100, num_items_in_batch=num_items,
-                                     softcap=softcap)
+                                     softcap=softcap, logit_scale=logit_scale)
     return loss
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", ["mean", "num_items", "bias", pytest.param("softcap", marks=pytest.mark.skipif(
+# scaled: Granite's 1/8 (a power of two: exact) with a bias; scaled_odd: 0.3, which the scaled hidden rows round.
+@pytest.mark.parametrize("case", ["mean", "num_items", "bias", "scaled", "scaled_odd", pytest.param(
+    "softcap", marks=pytest.mark.skipif(
     DEV == "cpu", reason="Liger's softcapping calls libdevice's tanh, which Triton's interpreter cannot run; GPUs "
                          "run it here and in test_liger_gpu.py"))])
 @pytest.mark.parametrize("chunk_rows", [MANY_CHUNKS, ONE_CHUNK], ids=["chunks", "one_chunk"])
 def test_loss_and_gradients_match_eager(case, chunk_rows, dtype):
     x, w, b, labels = _inputs()
-    options = {"num_items": 53 if case == "num_items" else None, "softcap": 2.0 if case == "softcap" else None}
+    options = {"num_items": 53 if case == "num_items" else None, "softcap": 2.0 if case == "softcap" else None,
+               "logit_scale": {"scaled": 0.125, "scaled_odd": 0.3}.get(case)}
     ours, eager = _ours(labels, chunk_rows=chunk_rows, **options), _eager(labels, **options)
-    params = [w, b] if case == "bias" else [w]
+    params = [w, b] if case in ("bias", "scaled") else [w]
     one = [torch.tensor(1.0, device=DEV)]
     (lo,), g_ours = run_with_grads(ours, [x.to(dtype)], [p.to(dtype) for p in params], one)
     (le,), g_eager = run_with_grads(eager, [x.to(dtype)], [p.to(dtype) for p in params], one)
@@ -77,6 +83,26 @@ def test_loss_and_gradients_match_eager(case, chunk_rows, dtype):
     assert abs(lo.item() - lt.item()) <= 2 * abs(le.item() - lt.item()) + FLOOR[dtype] * abs(lt.item())
     for i, (go, ge, gt) in enumerate(zip(g_ours, g_eager, g_truth, strict=True)):
         assert_as_good_as_eager(go, ge, gt, dtype, f"{case} grad {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("logit_scale", [0.3, 1 / 6, 0.8333333])  # not powers of two (Granite-MoE 1/6, Command R+)
+def test_scaled_loss_is_within_the_stated_bound_of_eager(dtype, logit_scale):
+    """The bound core/docs/kernel-conventions.md states for a scale that is not a power of two in half precision:
+    Liger scales the hidden rows before its GEMM where eager scales the rounded logits, so each logit is within
+    u * (sum_k |s h_k W_jk| + 3 |s z_j|) of eager's (one rounding of every scaled hidden value, eager's two of the
+    logit), and each row's loss, lse(z) - z_target, within twice the largest of those (u the dtype's unit
+    roundoff)."""
+    x, w, _, labels = _inputs(7)
+    x, w = x.to(dtype), w.to(dtype)
+    ours = _ours(labels, logit_scale=logit_scale)(x, w).item()
+    eager = _eager(labels, logit_scale=logit_scale)(x, w).item()
+    u = torch.finfo(dtype).eps / 2
+    h, weight = x.double() * logit_scale, w.double()
+    per_logit = u * (h.abs() @ weight.abs().T + 3 * (h @ weight.T).abs())
+    bound = (2 * per_logit.amax(-1))[labels != -100].mean().item()
+    assert abs(ours - eager) <= bound, (ours, eager, bound)
+    assert bound < 0.05 * abs(eager), "the bound must say something at this size"
 
 
 def test_divisor_can_be_a_device_tensor():

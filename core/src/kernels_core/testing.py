@@ -24,6 +24,7 @@ from ._config import ENV_STRICT_CONFIG
 from ._kinds import _reference as reference
 from ._kinds._conformance import FAMILIES
 from ._kinds._conformance import tiny_causal_lm
+from ._kinds._conformance import tiny_family_causal_lm
 from ._manager import ENV_ALLOW
 from ._manager import ENV_BLOCK
 from ._manager import ENV_STRICT
@@ -46,6 +47,7 @@ __all__ = [
     "reference",
     "save_tiny_chat_model",
     "tiny_causal_lm",
+    "tiny_family_causal_lm",
     "tolerance",
     "write_tiny_sft_dataset",
 ]

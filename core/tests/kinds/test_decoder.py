@@ -26,20 +26,34 @@ LAYER = re.compile(r"model\.layers\.\d+")
 
 # Llama-style pre-norm layers: (family, variant of the fused norm).
 PRE_NORM = {"llama": "standard", "mistral": "standard", "qwen2": "standard", "qwen3": "standard",
-            "qwen3_moe": "standard", "mixtral": "standard", "gemma": "offset"}
+            "qwen3_moe": "standard", "mixtral": "standard", "gemma": "offset",
+            # Gemma 2/3's sandwich norms (the add fused with pre_feedforward_layernorm), Granite's multiplier.
+            "gemma2": "offset", "gemma3_text": "offset", "granite": "standard",
+            # GLM-4's sandwich: the add fused with post_attention_layernorm, between post_self_attn / post_mlp norms.
+            "glm4": "standard",
+            # Phi-3's dropout on each residual branch, gpt-oss's MLP returning (hidden states, router scores),
+            # VaultGemma's norm named for the MLP, Granite-MoE-Shared's shared experts beside the routed ones.
+            "phi3": "standard", "gpt_oss": "standard", "vaultgemma": "offset", "granitemoeshared": "standard",
+            # HyperCLOVA X: a norm on each branch's output (peri-layer norm) and a residual multiplier; Apertus:
+            # the template's norms named attention_layernorm / feedforward_layernorm.
+            "hyperclovax": "standard", "apertus": "standard"}
+# Settings that make a multiplier, norm or dropout visible in the numbers (a default of 1.0 or 0.0 would hide a
+# missing one).
+OVERRIDES = {"granite": {"residual_multiplier": 0.22, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+                         "logits_scaling": 8.0},
+             "granitemoeshared": {"residual_multiplier": 0.22, "shared_intermediate_size": 40, "num_local_experts": 4,
+                                  "num_experts_per_tok": 2},
+             "phi3": {"resid_pdrop": 0.2},
+             "hyperclovax": {"residual_multiplier": 0.3},
+             "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "layer_types": ["sliding_attention",
+                                                                                          "full_attention"]}}
 
 # Layers that do something else around the residual adds, and a fragment of the reason they are left alone with.
 DECLINED = {
-    "gemma2": "sandwich norms around the MLP",
-    "gemma3_text": "sandwich norms around the MLP",
     "olmo2": "does not use ['input_layernorm']",
     "exaone4": "post-norm",
-    "glm4": "post_self_attn_layernorm",
     "cohere": "parallel attention and MLP",
     "phi": "dropout on the residual branch",
-    "phi3": "dropout on the residual branch",
-    "granite": "residual multiplier",
-    "gpt_oss": "an MLP returning a tuple",
     "starcoder2": "not an RMSNorm",
     "nemotron": "does not pass ['kwargs'] on",
 }
@@ -66,7 +80,7 @@ def _loss_and_grads(model, ids):
 
 @pytest.mark.parametrize("family", sorted(PRE_NORM))
 def test_pre_norm_layers_are_matched_by_their_math(family, ref_pm):
-    model = _model(family)
+    model = _model(family, **OVERRIDES.get(family, {}))
     kernels_core.kernelize(model, mode=Mode.TRAINING, plugin_manager=ref_pm)
     rows = _rows(model)
     assert sorted(e.module for e in rows) == [f"model.layers.{i}" for i in range(model.config.num_hidden_layers)]
@@ -89,9 +103,11 @@ def test_other_layer_layouts_are_left_alone_with_the_reason(family, ref_pm, call
 
 @pytest.mark.parametrize("plugin", ["reference", "portable"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma", "qwen3_moe", "gemma2", "gemma3_text",
+                                    "granite", "glm4", "phi3", "gpt_oss", "vaultgemma", "granitemoeshared",
+                                    "hyperclovax", "apertus"])
 def test_fused_layers_match_eager_forward_and_backward(family, dtype, plugin, ref_pm, pm, calls):
-    model = _model(family, dtype=dtype)
+    model = _model(family, dtype=dtype, **OVERRIDES.get(family, {}))
     ids = torch.randint(3, 100, (2, 11))
     model.eval()
     with torch.no_grad():
@@ -123,8 +139,9 @@ def test_fused_layers_match_eager_forward_and_backward(family, dtype, plugin, re
         norms = sum(1 for e in report.applied if e.kind == "rms_norm")
         assert calls[KIND] == 2 * layers
         assert calls["rms_norm"] == 2 * norms, "every RMSNorm the report lists, twice"
-        assert sorted(e.module for e in report.covered) == [f"model.layers.{i}.post_attention_layernorm"
-                                                            for i in range(layers)]
+        fused = ("pre_feedforward_layernorm" if family in ("gemma2", "gemma3_text", "vaultgemma")
+                 else "feedforward_layernorm" if family == "apertus" else "post_attention_layernorm")
+        assert sorted(e.module for e in report.covered) == [f"model.layers.{i}.{fused}" for i in range(layers)]
 
 
 def test_gradient_checkpointing_still_recomputes_the_fused_layers(ref_pm, calls):

@@ -132,8 +132,8 @@ def test_fused_training_path_builds_no_kv_cache_unless_asked(ref_pm):
 
 # Families beyond the required list: each is either handled with matching math or left alone with a reason.
 OTHER_FAMILIES = {
-    "granite": {"causal_lm_loss": "declined"},      # logits_scaling post-processes the logits
-    "cohere": {"causal_lm_loss": "declined"},       # logit_scale
+    "granite": {"causal_lm_loss": "scaled", "residual_rms_norm": "standard"},  # logits / logits_scaling; multiplier
+    "cohere": {"causal_lm_loss": "scaled"},         # logits * logit_scale
     "gpt_oss": {"moe_experts": "declined"},         # transposed, biased, clamped experts
     "qwen3_next": {"rms_norm": "offset"},           # (1 + w) norms; the gated norm is declined
     "olmo2": {"rms_norm": "standard"},             # scales in float32 (Gemma casting); cos/sin stay float32
@@ -160,6 +160,9 @@ OTHER_FAMILIES = {
 
 # Hybrid families whose default state sizes are not small: keep every test model tiny, whatever the version.
 TINY_OVERRIDES = {
+    # Granite's multipliers away from 1.0 (its config's defaults), so a missing one shows in the numbers.
+    "granite": {"residual_multiplier": 0.22, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+                "logits_scaling": 8.0},
     "falcon_h1": {"mamba_d_ssm": 48, "mamba_n_heads": 4, "mamba_d_head": 12, "mamba_d_state": 16,
                   "mamba_chunk_size": 8},
 }

@@ -44,8 +44,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {TOLERANCE[dtype]:.3g}"
 
 
-def reference(hidden, weight, labels, *, bias=None, num_items_in_batch=None, softcap=None):
+def reference(hidden, weight, labels, *, bias=None, num_items_in_batch=None, softcap=None, logit_scale=None):
     logits = F.linear(hidden, weight, bias)
+    if logit_scale is not None:  # as Command-R / Granite do: in the model dtype, before the loss upcasts
+        logits = logits * logit_scale
     if softcap is not None:
         logits = torch.tanh(logits.float() / softcap) * softcap
     return ForCausalLMLoss(logits, labels, weight.shape[0], num_items_in_batch=num_items_in_batch)
@@ -61,6 +63,7 @@ def run_both(
     chunk_size=16,
     num_items=None,
     softcap=None,
+    logit_scale=None,
     with_bias=False,
     seed=0,
 ):
@@ -71,7 +74,8 @@ def run_both(
     labels = make_labels(batch, seq, vocab, generator=generator)
     leaves = [t for t in (hidden, weight, bias) if t is not None]
 
-    expected = reference(hidden, weight, labels, bias=bias, num_items_in_batch=num_items, softcap=softcap)
+    expected = reference(hidden, weight, labels, bias=bias, num_items_in_batch=num_items, softcap=softcap,
+                         logit_scale=logit_scale)
     expected_grads = torch.autograd.grad(expected, leaves)
     actual = fused_linear_cross_entropy(
         hidden.reshape(-1, hidden_size),
@@ -81,6 +85,7 @@ def run_both(
         ignore_index=IGNORE,
         num_items_in_batch=num_items,
         softcap=softcap,
+        logit_scale=logit_scale,
         chunk_size=chunk_size,
     )
     actual_grads = torch.autograd.grad(actual, leaves)
@@ -117,6 +122,34 @@ def test_softcap(dtype):
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
     for a, e in zip(actual_grads, expected_grads, strict=True):
         assert_close(a, e, dtype, "softcap")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("logit_scale", "softcap"), [(0.125, None), (0.3, None), (4.0, 3.0)])
+def test_logit_scale(dtype, logit_scale, softcap):
+    # Granite's divisor and Command-R's multiplier, before any soft-cap, with a bias: scaled in the model dtype as
+    # eager does, so the loss is float32 sums of identically rounded logits, as in the unscaled case (0.3 is not a
+    # power of two: in bfloat16 the product rounds, the same way in both).
+    expected, actual, expected_grads, actual_grads = run_both(dtype, logit_scale=logit_scale, softcap=softcap,
+                                                              with_bias=True, num_items=50)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    unscaled = run_both(dtype, softcap=softcap, with_bias=True, num_items=50)[1]
+    assert not torch.allclose(actual, unscaled), "the scale must change the loss"
+    for name, a, e in zip(("hidden", "weight", "bias"), actual_grads, expected_grads, strict=True):
+        assert_close(a, e, dtype, f"scaled grad {name}")
+
+
+def test_scaled_logits_get_eagers_rounding_not_a_float32_product():
+    """With a scale that is not a power of two, bfloat16 logits scaled in float32 after the upcast are other numbers
+    than eager's (scaled, then upcast): the kernel must give eager's loss, not the float32 one."""
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(64, 32, generator=generator).bfloat16()
+    weight = torch.randn(512, 32, generator=generator).bfloat16()
+    labels = torch.randint(0, 512, (64,), generator=generator)
+    eager = F.cross_entropy((F.linear(hidden, weight) * 0.3).float(), labels)
+    in_float32 = F.cross_entropy(F.linear(hidden, weight).float() * 0.3, labels)
+    actual = fused_linear_cross_entropy(hidden, weight, labels, logit_scale=0.3, chunk_size=16)
+    assert abs(actual - eager) < abs(in_float32 - eager) / 10, (actual, eager, in_float32)
 
 
 def test_bias():

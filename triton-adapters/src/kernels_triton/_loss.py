@@ -197,8 +197,18 @@ def fused_linear_cross_entropy(
     ignore_index: int,
     num_items_in_batch: int | torch.Tensor | None,
     softcap: float | None,
+    logit_scale: float | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of ``hidden_states @ weight.T (+ bias)`` against already-shifted ``labels``, in float32.
+
+    ``logit_scale`` multiplies the logits before any soft-capping (Granite, Command-R). Liger's kernel takes no
+    scale, so the hidden rows (and the bias) are scaled instead, ``(s h) W^T + s b``, each rounded once in their
+    dtype. That is eager's result exactly when the scale is a power of two (Granite's 1/8 and 1/16, Command-R's
+    1/16) or the dtype float32 (up to float32 rounding); otherwise, in half precision, each logit is within
+    ``u * (sum_k |s h_k W_jk| + 3 |s z_j|)`` of eager's, which rounds ``z`` and then ``s z`` (``u`` the dtype's unit
+    roundoff, 2**-8 in bfloat16), and each row's loss within twice the largest of those
+    (``core/docs/kernel-conventions.md``; ``tests/test_loss.py`` checks it). The core's portable loss, on CPU
+    tensors, scales the logits in their dtype as eager does.
 
     Without ``num_items_in_batch`` Liger's ``mean`` reduction divides by the non-ignored rows inside the kernel,
     in float32. With it, Liger sums and the division happens here; its gradient then scales Liger's stored
@@ -222,15 +232,19 @@ def fused_linear_cross_entropy(
         from kernels_core.portable import fused_linear_cross_entropy as portable
 
         return portable(hidden_states, weight, labels, bias=bias, ignore_index=ignore_index,
-                        num_items_in_batch=num_items_in_batch, softcap=softcap)
+                        num_items_in_batch=num_items_in_batch, softcap=softcap, logit_scale=logit_scale)
     return _liger_loss(hidden_states, weight, labels, bias=bias, ignore_index=ignore_index,
-                       num_items_in_batch=num_items_in_batch, softcap=softcap)
+                       num_items_in_batch=num_items_in_batch, softcap=softcap, logit_scale=logit_scale)
 
 
 def _liger_loss(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                 bias: torch.Tensor | None, ignore_index: int, num_items_in_batch: int | torch.Tensor | None,
-                softcap: float | None) -> torch.Tensor:
+                softcap: float | None, logit_scale: float | None = None) -> torch.Tensor:
     # fused_linear_cross_entropy through the custom op on any device (CPU tensors: Triton's interpreter, in tests).
+    if logit_scale is not None:
+        # s * (h W^T + b) = (s h) W^T + s b: autograd carries s into both gradients.
+        hidden_states = hidden_states * logit_scale
+        bias = None if bias is None else bias * logit_scale
     grad_on = torch.is_grad_enabled()
     grad_hidden = grad_on and hidden_states.requires_grad
     grad_weight = grad_on and (weight.requires_grad or (bias is not None and bias.requires_grad))

@@ -101,8 +101,10 @@ CORE_KINDS: tuple[LayerKind, ...] = (
     ),
     LayerKind(
         name="causal_lm_loss",
-        description="lm_head + shifted cross-entropy of a *ForCausalLM model (fused linear cross-entropy)",
-        variants=("standard", "softcap"),
+        description="lm_head + shifted cross-entropy of a *ForCausalLM model (fused linear cross-entropy); \"scaled\" "
+                    "takes a logit_scale factor (Granite, Command-R), applied as eager does in the logits' dtype "
+                    "(other placements: within one rounding per logit, see the kernel conventions)",
+        variants=("standard", "softcap", "scaled"),
         matcher=f"{_P}._causal_lm:match_causal_lm",
         adapter=f"{_P}._causal_lm:adapt_causal_lm",
         # Keep computing the [tokens, vocab] logits in training (metrics that read them); costs the memory

@@ -3,14 +3,27 @@
 Only kernelize for ``Mode.TRAINING`` binds it: in inference the forward must return logits, so the kernel would
 never run, and the module is declined with that reason.
 
-A whole-model probe would be too costly, so the matcher checks the forward's *code* instead: the names its
-bytecode uses must be exactly those of one of transformers' causal-LM templates (dense, soft-capped, MoE with
-auxiliary loss). A family that adds anything (logit scaling, multipliers, extra heads) uses other names and is
-left alone. The adapter then reproduces that template with the kernel doing lm_head + cross-entropy.
+The matcher checks the math, not the spelling of the forward: with the base model (``module.model``) stood in for
+by a stub that returns known hidden states, it runs the forward once without and once with labels and reads off
+
+- what ``lm_head`` receives: the hidden states, or the hidden states divided / multiplied by a configuration value
+  (MiniCPM's ``h / (hidden_size / dim_model_base)``);
+- what the forward returns as logits: ``lm_head``'s output, or that times / over a configuration value (Granite's
+  ``logits_scaling``, Command-R's ``logit_scale``), or soft-capped by ``final_logit_softcapping`` (Gemma 2);
+- that the loss it returns is transformers' ``ForCausalLMLoss`` of those logits, plus, where the forward calls
+  ``load_balancing_loss_func``, the MoE auxiliary loss times its coefficient (checked with stub router logits).
+
+Whatever output class the forward returns (an MoE one with router logits and an auxiliary loss, say) is returned by
+the fused path too, its other fields taken from the base model's output. Anything else done to the logits or added
+to the loss is declined with what differs. The adapter then computes lm_head + cross-entropy in one kernel, the
+logit scale passed to it (variant ``scaled``) and the input scaling done as the forward does it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import math
 import sys
 import warnings
 from collections.abc import Callable
@@ -21,13 +34,16 @@ from torch import nn
 
 from .._forward import RUNTIME_PROBLEM_ATTR
 from .._plugin_info import KernelFallbackWarning
+from .._tolerance import probe_tolerance
 from .._types import Decline
 from .._types import Match
 from .._types import Mode
 from ._context import MatchContext
 from ._context import cache_keyword
 from ._context import dtensor_placements
+from ._context import param_dtype
 from ._context import plain_class_forward
+from ._context import rel_error
 from ._linear import linear_operands
 from ._zero3 import HOOKS
 from ._zero3 import MODULE
@@ -42,106 +58,326 @@ from ._zero3 import require_whole
 
 __all__ = ["adapt_causal_lm", "match_causal_lm"]
 
-_COMMON = frozenset({
-    "attentions", "config", "hidden_states", "last_hidden_state", "lm_head", "loss_function", "model",
-    "past_key_values", "slice_logits_to_keep", "vocab_size",
-})
-_TEMPLATES = {
-    "dense": _COMMON | {"CausalLMOutputWithPast"},
-    "softcap": _COMMON | {"CausalLMOutputWithPast", "final_logit_softcapping", "tanh", "torch"},
-    "moe": _COMMON | {
-        "MoeCausalLMOutputWithPast", "device", "load_balancing_loss_func", "num_experts", "num_experts_per_tok",
-        "output_router_logits", "router_aux_loss_coef", "router_logits", "to",
-    },
-}
-_ARGS = ("self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
-         "use_cache")
-_TEMPLATE_ARGS = {
-    "dense": (*_ARGS, "logits_to_keep"),
-    "softcap": (*_ARGS, "logits_to_keep"),
-    "moe": (*_ARGS, "output_router_logits", "logits_to_keep"),
-}
+KIND = "causal_lm_loss"
+_HALF = (torch.bfloat16, torch.float16)
 
-
-# Older transformers (up to about 5.20) spell the slice inline, `slice(-logits_to_keep, None) if
-# isinstance(logits_to_keep, int) else logits_to_keep`, and take `cache_position` before `logits_to_keep`. The
-# fused path only runs with logits_to_keep == 0 and forwards cache_position to the decoder as a keyword, so both
-# spellings compute the same thing there.
-_INLINE_SLICE = frozenset({"slice", "isinstance", "int"})
-
-
-def _accepted(name: str) -> list[tuple[frozenset[str], tuple[str, ...]]]:
-    names, args = _TEMPLATES[name], _TEMPLATE_ARGS[name]
-    inline = (names - {"slice_logits_to_keep"}) | _INLINE_SLICE
-    with_cache_position = (*args[:-1], "cache_position", args[-1])
-    return [(n, a) for n in (names, inline) for a in (args, with_cache_position)]
+# The names every causal-LM forward the matcher probes uses: the base model, the head and the loss.
+_REQUIRED = frozenset({"model", "lm_head", "loss_function"})
+# What the forward may hand the base model besides what the fused path hands on (the caller's own arguments): the
+# flags the fused path sets itself, and nothing else that is not None.
+_FLAGS = frozenset({"use_cache", "output_router_logits", "return_dict", "output_attentions", "output_hidden_states"})
+# The MoE auxiliary loss: transformers' templates name its coefficient one of these.
+_AUX_COEFFICIENTS = ("router_aux_loss_coef", "aux_loss_coef")
+_PROBE_TOKENS = 6
+_PROBE_EXPERTS = 4
 
 
 # transformers 5.24 renamed the cache argument and output field from `past_key_values` to `cache` (the old keyword
-# still accepted through a deprecation wrapper); the templates are spelled with the old name.
-_RENAMED_CACHE = {"cache": "past_key_values"}
+# still accepted through a deprecation wrapper).
+_CACHE_NAMES = ("cache", "past_key_values")
 
 
-def _template(module: nn.Module) -> str | None:
-    code = plain_class_forward(module).__code__
-    names = frozenset(_RENAMED_CACHE.get(n, n) for n in code.co_names)
-    args = tuple(_RENAMED_CACHE.get(a, a) for a in code.co_varnames[: code.co_argcount])
-    for name in _TEMPLATES:
-        if (names, args) in _accepted(name):
+class _StubOutput(dict):
+    """What the stub base model returns: fields by attribute (None when absent, like a ModelOutput's unset fields)
+    and by position (``outputs[0]`` is the last hidden state)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self.get(name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return list(self.values())[key] if isinstance(key, int) else dict.__getitem__(self, key)
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(v for v in self.values() if v is not None)
+
+
+class _StubModel(nn.Module):
+    """Stands in for ``module.model`` during the probe: returns ``hidden`` (and ``router_logits``), records what the
+    forward handed it."""
+
+    def __init__(self, hidden: torch.Tensor, router_logits: tuple[torch.Tensor, ...] | None) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.router_logits = router_logits
+        self.calls: list[dict[str, Any]] = []
+
+    def forward(self, *args: Any, **kwargs: Any) -> _StubOutput:
+        self.calls.append({"*args": args, **kwargs})
+        return _StubOutput(last_hidden_state=self.hidden, router_logits=self.router_logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scalar:
+    """A configuration value and how the forward applies it: ``x * value`` or ``x / value``."""
+
+    name: str
+    value: float
+    op: str  # "mul" or "div"
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.value if self.op == "mul" else x / self.value
+
+    @property
+    def factor(self) -> float:
+        return self.value if self.op == "mul" else 1.0 / self.value
+
+    def __str__(self) -> str:
+        return f"{'*' if self.op == 'mul' else '/'} {self.name} ({self.value:g})"
+
+
+def _scalars(module: nn.Module) -> list[tuple[str, float]]:
+    """Named numbers a forward may scale by: the module's own attributes and its configuration's (not 0 or 1)."""
+    found: dict[str, float] = {}
+    sources = [("", vars(module))]
+    config = getattr(module, "config", None)
+    if config is not None:
+        sources.append(("config.", vars(config)))
+        text = getattr(config, "get_text_config", None)
+        try:
+            sub = text() if callable(text) else None
+        except Exception:  # noqa: BLE001 - several text configs: the top-level one serves
+            sub = None
+        if sub is not None and sub is not config:
+            sources.append(("config.text_config.", vars(sub)))
+    for prefix, values in sources:
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value not in (0, 1):
+                found.setdefault(f"{prefix}{key}", float(value))
+    if config is not None:  # MiniCPM divides by a ratio of two settings
+        hidden, base = getattr(config, "hidden_size", None), getattr(config, "dim_model_base", None)
+        if isinstance(hidden, int) and isinstance(base, (int, float)) and base:
+            found.setdefault("config.hidden_size / config.dim_model_base", hidden / base)
+    return list(found.items())
+
+
+def _same(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> bool:
+    return (actual.shape == expected.shape and bool(torch.isfinite(actual).all())
+            and rel_error(actual.float(), expected.float()) <= probe_tolerance(dtype))
+
+
+def _find_scalar(before: torch.Tensor, after: torch.Tensor, module: nn.Module, dtype: torch.dtype) -> _Scalar | None:
+    """The configuration value ``after`` is ``before`` times or over, as the forward computes it, if any."""
+    b, a = before.float(), after.float()
+    ratio = float((a * b).sum() / (b * b).sum().clamp_min(1e-30))
+    for name, value in _scalars(module):
+        for op in ("mul", "div"):
+            scalar = _Scalar(name, value, op)
+            if abs(scalar.factor - ratio) <= 1e-2 * abs(ratio) and _same(after, scalar.apply(before), dtype):
+                return scalar
+    return None
+
+
+def _aux_coefficient(module: nn.Module, names: frozenset[str]) -> str | None:
+    """The attribute holding the MoE auxiliary loss's coefficient, where the forward adds that loss."""
+    for name in _AUX_COEFFICIENTS:
+        if name in names and isinstance(getattr(module, name, None), (int, float)):
             return name
     return None
 
 
+def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
+    """The match's parameters from probing the forward around a stub base model, or what differs from the math.
+
+    Two runs (without labels, with labels), in eval and in training behaviour; the hidden states are random, the
+    labels a permutation of the probe's token ids. Where the forward calls ``load_balancing_loss_func``, the stub
+    also returns router logits and the run with labels asks for them, so the auxiliary loss is checked too.
+    """
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    plain = plain_class_forward(module)
+    names = frozenset(plain.__code__.co_names)
+    missing = sorted(_REQUIRED - names)
+    if missing:
+        return f"forward does not use {missing}; it is not a head over a base model's hidden states"
+    signature = inspect.signature(plain).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.values())
+    if "labels" not in signature:
+        return "forward takes no labels"
+    aux = None
+    if "load_balancing_loss_func" in names:
+        aux = _aux_coefficient(module, names)
+        experts = [n for n in ("num_experts", "num_experts_per_tok") if not isinstance(getattr(module, n, None), int)]
+        if aux is None or experts or "output_router_logits" not in signature:
+            return ("forward adds an MoE load-balancing loss from settings the fused path does not know (no "
+                    f"{' / '.join(_AUX_COEFFICIENTS)}, num_experts and num_experts_per_tok attributes, or no "
+                    "output_router_logits argument)")
+    lm_head = module.lm_head
+    weight = lm_head.weight
+    vocab, width = full_shape(weight)
+    dtype = param_dtype(lm_head) or weight.dtype
+    device = weight.device
+    if device.type == "meta":
+        return "parameters are on the meta device; the math cannot be verified"
+    gen = ctx.generator(device)
+    hidden = ctx.randn(1, _PROBE_TOKENS, width, device=device, dtype=dtype, gen=gen)
+    router = None
+    if aux is not None:
+        router = tuple(ctx.randn(_PROBE_TOKENS, max(module.num_experts, 1), device=device, dtype=dtype, gen=gen)
+                       for _ in range(2))
+    ids = torch.arange(_PROBE_TOKENS, device=device)[None] % vocab
+    labels = ids.flip(-1)
+    mask = torch.ones_like(ids)
+    handed = {"input_ids": ids, "attention_mask": mask} if takes_kwargs or "attention_mask" in signature else {
+        "input_ids": ids}
+    flags = {"output_router_logits": False} if "output_router_logits" in signature else {}
+    stub = _StubModel(hidden, router)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def capture(_: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        seen.append((args[0], output))
+
+    forward = ctx.original_forward(module)
+
+    def run() -> tuple[Any, ...]:
+        seen.clear()
+        stub.calls.clear()
+        bare = forward(**handed, **flags)
+        labelled = forward(**handed, **flags, labels=labels)
+        routed = forward(**handed, output_router_logits=True, labels=labels) if aux is not None else None
+        return bare, labelled, routed, list(seen), list(stub.calls)
+
+    saved = module._modules["model"]
+    hook = lm_head.register_forward_hook(capture)
+    try:
+        module._modules["model"] = stub
+        runs = ctx.run_probe(module, run)
+    except Exception as exc:  # noqa: BLE001 - a forward that needs more of its base model: left alone
+        return f"probe of the forward around a stub base model raised {type(exc).__name__}: {exc}"
+    finally:
+        module._modules["model"] = saved
+        hook.remove()
+    found: dict[str, Any] = {}
+    for bare, labelled, routed, heads, calls in runs:
+        logits = getattr(bare, "logits", None)
+        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != ids.shape:
+            return "forward returns no logits of shape [batch, tokens, vocab]"
+        if len(heads) != (3 if aux is not None else 2) or not all(h[0].shape == hidden.shape for h in heads):
+            return f"lm_head ran {len(heads)} times over the probe's runs, not once per forward on every token"
+        for call in calls:
+            if call["*args"] or any(call.get(k) is not v for k, v in handed.items()):
+                return "forward does not hand its input_ids and attention_mask on to the base model as keywords"
+            odd = sorted(k for k, v in call.items() if k != "*args" and k not in handed and k not in _FLAGS
+                         and k not in _CACHE_NAMES and v is not None)
+            if odd:
+                return f"forward hands {odd} to the base model, which the fused path would not"
+        head_in, head_out = heads[0]
+        if head_in is hidden or torch.equal(head_in, hidden):
+            into = None
+        else:
+            into = _find_scalar(hidden, head_in, module, dtype)
+            if into is None:
+                return ("lm_head does not receive the base model's hidden states, nor those times or over a "
+                        "configuration value: they are transformed in a way the fused path cannot reproduce")
+        scale = softcap = None
+        if not torch.equal(logits, head_out):
+            cap = getattr(module.config, "final_logit_softcapping", None)
+            if isinstance(cap, (int, float)) and cap > 0 and _same(
+                    logits, torch.tanh(head_out / cap) * cap, dtype):
+                softcap = float(cap)
+            else:
+                scale = _find_scalar(head_out, logits, module, dtype)
+                if scale is None:
+                    err = rel_error(logits.float(), head_out.float()) if logits.shape == head_out.shape else None
+                    by = f" (rel. difference {err:.1e})" if err is not None else ""
+                    return ("the logits it returns are not lm_head's output, nor that times or over a configuration "
+                            f"value, nor soft-capped by final_logit_softcapping{by}: they are post-processed in a "
+                            "way the fused kernel cannot reproduce")
+        expected = ForCausalLMLoss(logits, labels, vocab_size=logits.shape[-1])
+        loss = getattr(labelled, "loss", None)
+        if not (isinstance(loss, torch.Tensor) and _same(loss, expected, torch.float32)):
+            return ("the loss it returns is not transformers' ForCausalLMLoss of the logits it returns (another "
+                    "reduction, or an extra term)")
+        if aux is not None:
+            balance = plain.__globals__["load_balancing_loss_func"]
+            try:
+                term = balance(router, module.num_experts, module.num_experts_per_tok, mask)
+            except Exception as exc:  # noqa: BLE001 - a family's own routing (Doge's product keys)
+                return (f"its load_balancing_loss_func takes router logits of another form than [tokens, experts] "
+                        f"({type(exc).__name__}: {exc}); the fused path could not reproduce the auxiliary loss")
+            routed_loss = getattr(routed, "loss", None)
+            want = expected + getattr(module, aux) * term.to(expected.device)
+            if not (isinstance(routed_loss, torch.Tensor) and _same(routed_loss, want, torch.float32)):
+                return (f"with router logits, the loss it returns is not ForCausalLMLoss + {aux} * "
+                        "load_balancing_loss_func(router_logits, num_experts, num_experts_per_tok, attention_mask)")
+        output = type(bare)
+        if plain.__globals__.get(output.__name__) is not output or not dataclasses.is_dataclass(output):
+            return f"forward returns a {output.__name__}, not a transformers ModelOutput its module names"
+        verdict = {"into": into, "scale": scale, "softcap": softcap, "aux": aux, "output": output.__name__,
+                   "router_flag": "output_router_logits" in signature}
+        if found and found != verdict:
+            return "the forward's math differs between eval and training behaviour"
+        found = verdict
+    return found
+
+
 def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
-    """transformers ``*ForCausalLM`` heads whose forward is a standard template and whose loss is ForCausalLMLoss."""
+    """transformers ``*ForCausalLM`` heads whose logits are ``lm_head(h)`` up to a known scale, divisor or soft-cap
+    and whose loss is ForCausalLMLoss of them (plus an MoE auxiliary loss), verified by a probe."""
     if not (isinstance(module._modules.get("lm_head"), nn.Module) and isinstance(module._modules.get("model"),
                                                                                   nn.Module)):
         return None
     if not hasattr(type(module), "loss_function") or "transformers" not in sys.modules:
         return None
+    if getattr(plain_class_forward(module), "__code__", None) is None:
+        return None
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    template = _template(module)
-    if template is None:
-        known = _TEMPLATES["moe"] | _TEMPLATES["softcap"] | _INLINE_SLICE | set(_RENAMED_CACHE)
-        names = sorted(set(plain_class_forward(module).__code__.co_names) - known)
-        extra = f" (it also uses {names})" if names else ""
-        return Decline("causal_lm_loss", f"forward is not a standard causal-LM template{extra}; logits may be "
-                                         "post-processed, so the loss cannot be fused safely", unrecognized=True)
     try:
         loss_function = module.loss_function
     except Exception as exc:  # noqa: BLE001
-        return Decline("causal_lm_loss", f"loss_function unavailable: {exc}")
+        return Decline(KIND, f"loss_function unavailable: {exc}")
     if loss_function is not ForCausalLMLoss:
-        return Decline("causal_lm_loss", f"loss function is {getattr(loss_function, '__name__', loss_function)}, "
-                                         "not transformers' ForCausalLMLoss")
+        return Decline(KIND, f"loss function is {getattr(loss_function, '__name__', loss_function)}, "
+                             "not transformers' ForCausalLMLoss")
     lm_head = module.lm_head
     # What lm_head's forward computes now, as one linear the kernel can take (a PEFT LoRA head included), or why
     # not (a quantized head, DoRA, an unknown wrapper); the fused forward asks again at every call.
     operands = linear_operands(lm_head)
     if isinstance(operands, str):
-        return Decline("causal_lm_loss", operands)
+        return Decline(KIND, operands)
     if ctx.options.get("linear", {}).get("lm_head", False):
         # The fused loss multiplies hidden states by lm_head's bf16 weight itself and never calls lm_head, so a
         # precision-changing linear kernel asked for lm_head (FP8) would be bound but never run in training.
-        return Decline("causal_lm_loss", "[kinds.linear] options.lm_head asks for lm_head's own linear kernel "
-                                         "(FP8): the fused loss would bypass it, so the loss runs unfused "
-                                         "(lm_head, then transformers' cross-entropy)")
+        return Decline(KIND, "[kinds.linear] options.lm_head asks for lm_head's own linear kernel "
+                             "(FP8): the fused loss would bypass it, so the loss runs unfused "
+                             "(lm_head, then transformers' cross-entropy)")
     blocker = _lm_head_blocker(lm_head, getattr(module, "config", None), ctx)
     if blocker:
-        return Decline("causal_lm_loss", blocker)
-    config = getattr(module, "config", None)
-    softcap = getattr(config, "final_logit_softcapping", None) if template == "softcap" else None
-    variant = "softcap" if softcap is not None else "standard"
+        return Decline(KIND, blocker)
     if ctx.mode is not None and Mode.TRAINING not in ctx.mode:
         # The adapter fuses only training steps with labels; anything else (generation, evaluation, with or
         # without labels) runs the model's own forward, which returns the logits callers read. Bound here, the
         # kernel would be reported but never run.
-        return Decline("causal_lm_loss", "the fused loss runs only in training steps with labels (mode is "
-                                         f"{str(ctx.mode).removeprefix('Mode.')}); the model's own forward "
-                                         "computes the logits and the loss here")
-    params = {"template": template, "softcap": softcap}
-    evidence = f"forward is the transformers {template} causal-LM template with ForCausalLMLoss"
+        return Decline(KIND, "the fused loss runs only in training steps with labels (mode is "
+                             f"{str(ctx.mode).removeprefix('Mode.')}); the model's own forward "
+                             "computes the logits and the loss here")
+    with ctx.unsharded(lm_head):
+        found = _probe_head(module, ctx)
+    if isinstance(found, str):
+        return Decline(KIND, found, unrecognized=True)
+    scale, softcap, into = found["scale"], found["softcap"], found["into"]
+    variant = "scaled" if scale is not None else "softcap" if softcap is not None else "standard"
+    params = {
+        "softcap": softcap, "logit_scale": None if scale is None else scale.factor, "aux": found["aux"],
+        "output": found["output"], "router_flag": found["router_flag"],
+        "hidden_op": None if into is None else (into.op, into.value),
+    }
+    evidence = "probe: the logits are lm_head(h)"
+    if into is not None:
+        evidence = f"probe: the logits are lm_head(h {into})"
+    if scale is not None:
+        evidence += f" {scale} (folded into the kernel as logit_scale={scale.factor:g})"
+        if math.frexp(scale.factor)[0] != 0.5 and (param_dtype(lm_head) or lm_head.weight.dtype) in _HALF:
+            # Eager rounds s * z in the model dtype; a kernel that scales elsewhere differs within a stated bound.
+            evidence += (" (not a power of two: in half precision a kernel that scales other than in the logits' "
+                         "dtype differs from eager by at most one rounding of each logit and scaled hidden value, "
+                         "as the kernel conventions bound it)")
+    if softcap is not None:
+        evidence += f" soft-capped at {softcap:g}"
+    evidence += ", the loss ForCausalLMLoss of them"
+    if found["aux"]:
+        evidence += f" + {found['aux']} * the MoE load-balancing loss"
+    evidence += f"; returns {found['output']}"
     if type(lm_head) is not nn.Linear:
         evidence += (f"; lm_head is {type(lm_head).__name__}: the kernel takes its base weight plus each active "
                      "adapter's low-rank path" if hasattr(lm_head, "lora_A") else
@@ -149,7 +385,7 @@ def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | 
     if is_partitioned(lm_head.weight):
         evidence += ("; lm_head's weight is DeepSpeed ZeRO-3 partitioned: the kernel runs between lm_head's own "
                      "DeepSpeed hooks, which gather it for the forward and the backward and release it after")
-    return Match("causal_lm_loss", variant, params, evidence=evidence)
+    return Match(KIND, variant, params, evidence=evidence)
 
 
 def _lm_head_blocker(lm_head: nn.Module, config: object, ctx: MatchContext) -> str | None:
@@ -237,15 +473,20 @@ def _partitioned_head(lm_head: nn.Module, how: object) -> str | None:
 def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
     """Fused path in training with labels; the original forward (with logits) everywhere else."""
     original = type(module).forward.__get__(module, type(module))
-    template = match.params["template"]
     softcap = match.params["softcap"]
+    logit_scale = match.params.get("logit_scale")
+    # Kernels of the "standard" and "softcap" variants predate the logit_scale argument: it is passed only when set.
+    scaled = {} if logit_scale is None else {"logit_scale": logit_scale}
+    hidden_op = match.params.get("hidden_op")
+    aux = match.params.get("aux")
     plain = plain_class_forward(module)
     namespace = plain.__globals__
+    output_class = namespace[match.params["output"]]
+    fields = {f.name for f in dataclasses.fields(output_class)}
     # The forward's own parameter names, in order (the cache one spelled as this transformers spells it).
     arg_names = plain.__code__.co_varnames[1: plain.__code__.co_argcount]
     cache = cache_keyword(plain)
     materialize = bool(options.get("materialize_logits", False))
-    output_name = "MoeCausalLMOutputWithPast" if template == "moe" else "CausalLMOutputWithPast"
     warned: set[str] = set()  # fallback reasons already warned about, for this binding
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -284,13 +525,17 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
                               f"model's own forward (full logits): {routed}", KernelFallbackWarning, stacklevel=2)
             return original(*args, **kwargs)
         return_dict = call.pop("return_dict", None)
-        if template == "moe":
+        output_router_logits = False
+        if match.params.get("router_flag"):
             if call.get("output_router_logits") is None:
                 call["output_router_logits"] = module.config.output_router_logits
             output_router_logits = call["output_router_logits"]
         call["use_cache"] = _use_cache(module.model, call, cache)
         outputs = module.model(**call)
         hidden = outputs.last_hidden_state
+        if hidden_op is not None:
+            # As the forward does it, in the model's dtype (MiniCPM: h / (hidden_size / dim_model_base)).
+            hidden = hidden * hidden_op[1] if hidden_op[0] == "mul" else hidden / hidden_op[1]
         ignore_index = call.get("ignore_index", -100)
         shift_labels = call.get("shift_labels")
         if shift_labels is None:
@@ -309,22 +554,24 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             ignore_index=ignore_index,
             num_items_in_batch=call.get("num_items_in_batch"),
             softcap=softcap,
+            **scaled,
         )
         if how == HOOKS:
             loss = exit_forward(lm_head, inputs, loss)
         extra: dict[str, Any] = {}
-        if template == "moe":
+        if aux is not None:
             aux_loss = None
             if output_router_logits:
                 aux_loss = namespace["load_balancing_loss_func"](
                     outputs.router_logits, module.num_experts, module.num_experts_per_tok, call.get("attention_mask")
                 )
-                loss = loss + module.router_aux_loss_coef * aux_loss.to(loss.device)
-            extra = {"aux_loss": aux_loss, "router_logits": outputs.router_logits}
-        result = namespace[output_name](
-            loss=loss, logits=None, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
-            **{cache: getattr(outputs, cache)}, **extra,
-        )
+                loss = loss + getattr(module, aux) * aux_loss.to(loss.device)
+            extra["aux_loss"] = aux_loss
+        # The output class the forward returns, its other fields (router logits, ...) from the base model's output.
+        for field in ("hidden_states", "attentions", "router_logits", cache):
+            if field in fields and field not in extra:
+                extra[field] = getattr(outputs, field, None)
+        result = output_class(loss=loss, logits=None, **{k: v for k, v in extra.items() if k in fields})
         return result.to_tuple() if return_dict is False else result
 
 

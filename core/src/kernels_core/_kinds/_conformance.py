@@ -18,7 +18,7 @@ from torch import nn
 from .._types import ConformanceCase
 
 
-__all__ = ["CORE_CASES", "FAMILIES", "tiny_causal_lm"]
+__all__ = ["CORE_CASES", "FAMILIES", "tiny_causal_lm", "tiny_family_causal_lm"]
 
 # Tiny configurations of the families the core is tested on; sizes are odd where the architecture allows.
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -54,6 +54,119 @@ def tiny_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.config.use_cache = False
     return model
+
+
+# Sizes every architecture's defaults are shrunk to (where the configuration has the setting): the defaults are those
+# of a released checkpoint (billions of parameters); MoE keeps a routed layer (first_k_dense_replace 1) with 4 experts.
+_TINY: dict[str, int] = {
+    "hidden_size": 64, "d_model": 64, "n_embd": 64, "intermediate_size": 96, "ffn_dim": 96, "decoder_ffn_dim": 96,
+    "num_hidden_layers": 2, "n_layer": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "moe_num_experts": 4, "num_experts_per_tok": 2,
+    "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "decoder_sparse_step": 1,
+    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+    "qk_head_dim": 32, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "index_head_dim": 32,
+    "index_n_heads": 2, "n_shared_experts": 1,
+}
+_UNSET: dict[str, int] = {"num_experts_per_tok": 2}
+
+
+def tiny_family_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                          **overrides: Any) -> torch.nn.Module:
+    """Any transformers causal-LM ``model_type``, built from its configuration's own defaults shrunk to two layers of
+    width 64 (the settings of ``_TINY`` it has, then ``overrides``), randomly initialised, no download.
+
+    Unlike :func:`tiny_causal_lm`, which tunes a few families by hand, this serves a sweep over every model type
+    transformers ships; what a family's defaults leave large (a sliding window, a vocabulary of its own) stays.
+    Where the configuration chooses per layer (``layer_types``, ``mlp_layer_types``, ``no_rope_layers``), the tiny
+    model has each kind of layer it names (more than two layers where it names more kinds), unless the defaults
+    cannot build one of them, in which case it has the first layers.
+
+    Example:
+        >>> model = tiny_family_causal_lm("qwen3")  # doctest: +SKIP
+        >>> model.config.hidden_size, model.config.num_hidden_layers  # doctest: +SKIP
+        (64, 2)
+    """
+    from transformers import AutoConfig
+
+    text = AutoConfig.for_model(model_type).get_text_config()
+    settings = {k: v for k, v in _TINY.items() if isinstance(getattr(text, k, None), int)}
+    # Settings a family's defaults leave unset (None) although its layers need them (DeepSeek-V2's top-k).
+    settings.update({k: v for k, v in _UNSET.items() if hasattr(text, k) and getattr(text, k) is None})
+    layers = overrides.get("num_hidden_layers", settings.get("num_hidden_layers", 2))
+    per_layer = {key: value for key, value in _per_layer_lists(text).items() if key not in overrides}
+    if per_layer and "num_hidden_layers" not in overrides:
+        # Every kind of layer the family has gets built: a hybrid's full-attention layers, a MoE's routed ones.
+        layers = max(layers, *(len(set(value)) for value in per_layer.values()))
+        settings["num_hidden_layers"] = layers
+    for key, value in per_layer.items():
+        settings[key] = _representative(value, layers)
+    if "kv_lora_rank" in settings:  # multi-head latent attention: every head has its own keys
+        settings["num_key_value_heads"] = settings.get("num_attention_heads", 4)
+    for token, value in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):
+        if getattr(text, token, None) is not None:
+            settings[token] = value
+    settings.update(overrides)
+    try:
+        return _build(model_type, settings, seed, dtype)
+    except Exception:
+        if not per_layer:
+            raise
+    # A kind of layer the defaults cannot build (Qwen4-Exp's indexed attention has no indexer sizes): the first
+    # layers only, as the defaults order them.
+    for key, value in per_layer.items():
+        settings[key] = value[: settings["num_hidden_layers"]]
+    return _build(model_type, settings, seed, dtype)
+
+
+def _build(model_type: str, settings: dict[str, Any], seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """The model of ``model_type`` from its defaults with ``settings`` (set on the text configuration of a
+    multimodal one)."""
+    from transformers import AutoConfig
+    from transformers import AutoModelForCausalLM
+
+    defaults = AutoConfig.for_model(model_type)
+    text = defaults.get_text_config()
+    if text is defaults:
+        config = AutoConfig.for_model(model_type, **settings)
+    else:
+        config = defaults
+        for key, value in settings.items():
+            setattr(text, key, value)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
+
+def _per_layer_lists(config: object) -> dict[str, list[Any]]:
+    """The configuration's per-layer choices: lists with one entry per layer that name a type (``layer_types``,
+    ``mlp_layer_types``) or set a flag (``no_rope_layers``' 1 and 0), not lists of layer indices."""
+    count = getattr(config, "num_hidden_layers", None)
+    found: dict[str, list[Any]] = {}
+    for key, value in vars(config).items():
+        if not isinstance(value, (list, tuple)) or len(value) != count or key.startswith("_"):
+            continue
+        if all(isinstance(v, str) for v in value) or all(isinstance(v, (bool, int)) and v in (0, 1) for v in value):
+            found[key] = list(value)
+    return found
+
+
+def _representative(value: list[Any], layers: int) -> list[Any]:
+    """The first ``layers`` entries of a per-layer list, with a repeated entry (the last first) given up for each
+    choice the list makes only further down, so that a tiny model has every kind of layer.
+
+    Example:
+        >>> _representative(["sliding", "sliding", "sliding", "full"], 2)
+        ['sliding', 'full']
+    """
+    chosen = list(value[:layers])
+    for missing in [v for v in dict.fromkeys(value) if v not in chosen]:
+        repeated = [i for i, v in enumerate(chosen) if chosen.count(v) > 1]
+        if not repeated:
+            break
+        chosen[repeated[-1]] = missing
+    return chosen
 
 
 _HIDDEN = 44

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -52,6 +53,7 @@ __all__ = [
     "cache_keyword",
     "dtensor_placements",
     "fsdp_module_type",
+    "large_activation",
     "math_key",
     "close",
     "module_device",
@@ -112,6 +114,19 @@ def reroute_blocker(module: nn.Module, global_name: str, *, function: bool = Tru
     if function and not callable(forward.__globals__.get(global_name)):
         return f"{global_name!r} is not a callable global of {forward.__module__}"
     return None
+
+
+def large_activation(dtype: torch.dtype) -> float:
+    """A pre-activation magnitude for probing what random unit rows never reach: beyond the activation bounds models
+    set (DeepSeek-V4's and Hunyuan-V4's SwiGLU limit clamps gate and up at 10, gpt-oss's at 7), while the product of
+    two such values, summed over a projection, stays finite in ``dtype`` (1024; 16 in float16, whose largest value
+    is 65504).
+
+    Example:
+        >>> large_activation(torch.bfloat16), large_activation(torch.float16)
+        (1024.0, 16.0)
+    """
+    return 2.0 ** min(10, math.floor(math.log2(math.sqrt(torch.finfo(dtype).max))) - 3)
 
 
 def positional_arity(fn: Callable[..., Any]) -> tuple[int, bool]:

@@ -15,6 +15,7 @@ from . import _reference
 from ._context import MatchContext
 from ._context import close
 from ._context import dtensor_placements
+from ._context import large_activation
 from ._context import rel_error
 from ._linear import plain_weight_problem
 
@@ -94,6 +95,28 @@ def _classify_experts(module: nn.Module, ctx: MatchContext) -> Match | Decline:
                    else float("inf")) for a in outputs)
         return Decline("moe_experts", f"probe output differs from the routed gated-MLP reference "
                                       f"(rel. error {err:.1e}); math differs")
+    # Random unit rows never reach an activation bound (DeepSeek-V4's and Hunyuan-V4's experts clamp gate and up at
+    # their swiglu_limit): the same rows scaled until the largest pre-activation of a routed expert is
+    # large_activation() must give the reference math too.
+    with torch.no_grad():
+        peak = max(float((x @ gate_up[e].T).abs().max()) for e in index.unique().tolist())
+    if peak > 0:
+        target = large_activation(dtype)
+        large = (x.float() * (target / peak)).to(dtype)
+        try:
+            outputs_large = ctx.run_probe(module, ctx.original_forward(module), large, index, weights)
+        except Exception as exc:  # noqa: BLE001
+            return Decline("moe_experts", f"probe forward raised {type(exc).__name__} on large inputs: {exc}")
+        with torch.no_grad():
+            expected_large = _reference.moe_experts(large, index, weights, gate_up, down, activation=activation)
+        if bool(torch.isfinite(expected_large).all()) and not all(close(a, expected_large, dtype)
+                                                                   for a in outputs_large):
+            err = max((rel_error(a, expected_large) if isinstance(a, torch.Tensor) and a.shape == expected_large.shape
+                       else float("inf")) for a in outputs_large)
+            return Decline("moe_experts", f"probe output differs from the routed gated-MLP reference at large "
+                                          f"pre-activations (up to {target:g}; rel. error {err:.1e}), though not at "
+                                          "small ones: the experts bound their activations (a clamp, as "
+                                          "DeepSeek-V4's swiglu_limit), which the kernels do not")
     ctx.note_probe(module, "moe_experts", (x, index, weights), {}, outputs[0])
     # The kernel computes the whole routed MLP: no sub-module (an activation module) is ever called.
     return Match("moe_experts", activation, {"activation": activation, "num_experts": n_experts},

@@ -17,6 +17,7 @@ from .._types import Match
 from . import _reference
 from ._context import MatchContext
 from ._context import close
+from ._context import large_activation
 from ._context import param_dtype
 from ._context import positional_arity
 from ._context import rel_error
@@ -108,6 +109,26 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
         return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) in eval or training "
                                     f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, extra "
                                     "terms?)"))
+    # Random unit rows never reach an activation bound (DeepSeek-V4's SwiGLU limit clamps gate and up at 10): the
+    # same rows scaled until the largest pre-activation is large_activation() must give the reference math too.
+    with torch.no_grad():
+        peak = max(t.abs().max() for t in _gate_up(module, layout, x)).float()
+    if bool(peak > 0):
+        target = large_activation(dtype)
+        large = (x.float() * (target / peak)).to(dtype)
+        try:
+            outputs_large = ctx.run_probe(module, ctx.original_forward(module), large)
+            references_large = ctx.run_probe(module, reference, large)
+        except Exception as exc:  # noqa: BLE001
+            return (kind, Decline(kind, f"probe forward raised {type(exc).__name__} on large inputs: {exc}"))
+        if all(bool(torch.isfinite(ref).all()) for ref in references_large) and not all(
+                close(actual, ref, dtype) for actual, ref in zip(outputs_large, references_large, strict=True)):
+            err = max((rel_error(a, ref) if isinstance(a, torch.Tensor) and a.shape == ref.shape
+                       else float("inf")) for a, ref in zip(outputs_large, references_large, strict=True))
+            return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) at large "
+                                        f"pre-activations (up to {target:g}; rel. error {err:.1e}), though not at "
+                                        "small ones: the module bounds its activations (a clamp, as DeepSeek-V4's "
+                                        "swiglu_limit), which the kernel does not"))
     ctx.note_probe(module, kind, (x,), {}, outputs[0])
     return (kind, Match(kind, layout, {"layout": layout, "activation": activation},
                         evidence=f"probe matches down({activation}(gate)*up), {layout} projections",

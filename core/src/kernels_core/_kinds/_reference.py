@@ -135,9 +135,23 @@ def causal_lm_loss(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     softcap: float | None = None,
+    logit_scale: float | None = None,
 ) -> torch.Tensor:
-    """Cross-entropy over already-shifted labels, exactly as transformers' ``fixed_cross_entropy``."""
-    logits = F.linear(hidden_states, weight, bias).float()
+    """Cross-entropy over already-shifted labels, exactly as transformers' ``fixed_cross_entropy``.
+
+    ``logit_scale`` multiplies the logits before any soft-capping, in their own dtype and then upcast, as eager
+    Command-R (``* logit_scale``) and Granite (``/ logits_scaling``, passed as its inverse) compute them.
+
+    Example:
+        >>> h, w, labels = torch.randn(4, 8), torch.randn(16, 8), torch.tensor([1, 2, -100, 3])
+        >>> halved = causal_lm_loss(h, w, labels, logit_scale=0.5)
+        >>> bool(torch.allclose(halved, causal_lm_loss(h * 0.5, w, labels)))
+        True
+    """
+    logits = F.linear(hidden_states, weight, bias)
+    if logit_scale is not None:
+        logits = logits * logit_scale
+    logits = logits.float()
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     reduction = "sum" if num_items_in_batch is not None else "mean"

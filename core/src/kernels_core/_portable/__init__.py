@@ -29,7 +29,7 @@ SPECS: tuple[KernelSpec, ...] = (
     KernelSpec(
         id="any.causal_lm_loss.chunked",
         kind="causal_lm_loss",
-        variants=("standard", "softcap"),
+        variants=("standard", "softcap", "scaled"),
         backend="any",
         impl="kernels_core._portable._cross_entropy:fused_linear_cross_entropy",
         priority=0,

@@ -78,6 +78,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         num_items_in_batch: torch.Tensor | int | float | None,
         softcap: float | None,
         rows_per_chunk: int,
+        logit_scale: float | None = None,
     ) -> torch.Tensor:
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         device = hidden.device
@@ -107,7 +108,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             stop = min(start + rows_per_chunk, num_tokens)
             h = hidden[start:stop]
             # Same op and dtype as eager `lm_head(hidden)`, then the same float32 upcast as ForCausalLMLoss.
-            logits = F.linear(h, weight, bias).float()
+            logits = F.linear(h, weight, bias)
+            if logit_scale is not None:
+                # Command-R's multiplier, Granite's divisor (as 1 / logits_scaling): in the logits' dtype, before the
+                # upcast, as eager scales them, so half-precision logits get eager's rounding of the product (in
+                # place: no second chunk of logits).
+                logits.mul_(logit_scale)
+            logits = logits.float()
             tanh = None
             if softcap is not None:
                 tanh = torch.tanh(logits.div_(softcap))
@@ -130,6 +137,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             if tanh is not None:
                 grad_logits.mul_(tanh.square_().neg_().add_(1.0))
                 del tanh
+            if logit_scale is not None:
+                grad_logits.mul_(logit_scale)
             if grad_bias is not None:
                 grad_bias.add_(grad_logits.sum(0))
             grad_logits = grad_logits.to(weight.dtype)
@@ -159,7 +168,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         # autograd's version check on the saved tensors instead of silently scaling twice.
         scaled = [None if g is None else scale_in_float32_(g, grad_output) for g in (grad_hidden, grad_weight,
                                                                                         grad_bias)]
-        return (*scaled, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None)
 
 
 def scale_in_float32_(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -194,6 +203,7 @@ def fused_linear_cross_entropy(
     ignore_index: int = -100,
     num_items_in_batch: torch.Tensor | int | None = None,
     softcap: float | None = None,
+    logit_scale: float | None = None,
     chunk_size: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> torch.Tensor:
@@ -222,6 +232,8 @@ def fused_linear_cross_entropy(
         ignore_index: label value whose rows are skipped.
         num_items_in_batch: divisor for the summed loss (gradient accumulation); ``None`` means mean.
         softcap: final-logit soft-capping value, or ``None``.
+        logit_scale: a factor the logits are multiplied by (in their own dtype, as eager does, then upcast; before
+            any soft-capping), or ``None``: Granite's ``1 / logits_scaling``, Command-R's ``logit_scale``.
         chunk_size: tokens per chunk; ``None`` derives it from ``memory_budget`` and the vocabulary size.
         memory_budget: bytes of logit work space per chunk (see :data:`DEFAULT_MEMORY_BUDGET`).
 
@@ -237,5 +249,6 @@ def fused_linear_cross_entropy(
         raise ValueError(f"{hidden_states.shape[0]} hidden rows but {labels.shape[0]} labels")
     rows = chunk_size or chunk_rows(hidden_states.shape[0], weight.shape[0], memory_budget=memory_budget)
     return _FusedLinearCrossEntropy.apply(
-        hidden_states.contiguous(), weight, bias, labels, ignore_index, num_items_in_batch, softcap, max(rows, 1)
+        hidden_states.contiguous(), weight, bias, labels, ignore_index, num_items_in_batch, softcap, max(rows, 1),
+        logit_scale,
     )
