@@ -28,16 +28,19 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
+from ._errors import CheckError
 from ._hints import did_you_mean
-from ._manager import KernelsPluginManager
-from ._manager import ProvidedKernel
-from ._manager import ProvidedKind
-from ._manager import get_plugin_manager
-from ._plugin_info import KernelProblem
-from ._plugin_info import PluginStatus
-from ._resolve import runnable_here
+from ._plugins._diagnostics import runnable_here
+from ._plugins._manager import KernelsPluginManager
+from ._plugins._manager import get_plugin_manager
+from ._plugins._records import KernelProblem
+from ._plugins._records import PluginInfo
+from ._plugins._records import PluginStatus
+from ._plugins._records import ProvidedKernel
+from ._plugins._records import ProvidedKind
 from ._tolerance import kernel_tolerance
 from ._tolerance import rms_tolerance
 from ._types import BackendInfo
@@ -48,7 +51,6 @@ from ._types import Supports
 
 __all__ = [
     "DEFAULT_COMPILE_BACKEND",
-    "CheckError",
     "CheckReport",
     "CheckResult",
     "CheckStatus",
@@ -88,10 +90,6 @@ class CheckStatus(StatusEnum):
 
 
 PASS, FAIL, SKIPPED = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.SKIPPED
-
-
-class CheckError(ValueError):
-    """A check names a plugin or a kernel that is not installed."""
 
 
 @dataclass(frozen=True)
@@ -370,22 +368,17 @@ def _unregister(ref: str) -> None:
 
 
 def _kernel_forward(target: Any, kind: ProvidedKind, spec: Any, ref: str, match: Any) -> Callable[..., Any]:
-    """The forward kernelize would bind to ``target`` for this kernel (the module itself is left unchanged)."""
-    from ._forward import GlobalOverride
+    """The forward kernelize would bind to ``target`` for this kernel (the module itself is left unchanged), built
+    now as kernelize builds it: a build at the first call would be a graph break under torch.compile."""
+    from ._forward import ForwardPlan
     from ._forward import KernelForward
+    from ._forward import PlannedKernel
     from ._forward import ReroutedForward
 
-    layer_kind = kind.kind
-    if layer_kind.target == "global":
-        override = GlobalOverride(kernel_id=spec.id, kind=layer_kind.name, global_name=match.params["global_name"],
-                                  impl=ref, adapter=layer_kind.adapter, match=match, options={})
-        forward: Any = ReroutedForward(target, overrides=(override,))
-    else:
-        forward = KernelForward(target, kernel_id=spec.id, kind=layer_kind.name, impl=ref,
-                                adapter=layer_kind.adapter, match=match, options={})
-    # Built now, as kernelize does: a build at the first call would be a graph break under torch.compile.
-    forward._fn = forward._build()
-    return forward
+    # The kernel's impl counted (``ref``), and no plugin named in an exception's note: the check reports it itself.
+    kernel = ProvidedKernel(replace(spec, impl=ref), PluginInfo(name="", module=""))
+    plan = ForwardPlan("", target, (PlannedKernel(kernel, kind, match, {}),))
+    return ReroutedForward(plan) if kind.kind.target == "global" else KernelForward(plan)
 
 
 def _traceback(exc: BaseException | None) -> str | None:

@@ -24,12 +24,12 @@ from ._config import ENV_STRICT_CONFIG
 from ._kinds import _reference as reference
 from ._kinds._conformance import FAMILIES
 from ._kinds._conformance import tiny_causal_lm
-from ._manager import ENV_ALLOW
-from ._manager import ENV_BLOCK
-from ._manager import ENV_STRICT
-from ._manager import ENV_TRACE
-from ._manager import KernelsPluginManager
-from ._plugin_info import reset_fallbacks
+from ._plugins._fallbacks import reset_fallbacks
+from ._plugins._loading import ENV_ALLOW
+from ._plugins._loading import ENV_BLOCK
+from ._plugins._loading import ENV_STRICT
+from ._plugins._loading import ENV_TRACE
+from ._plugins._manager import KernelsPluginManager
 from ._types import ConformanceCase
 from .integrations._llamafactory_tiny import save_tiny_chat_model
 from .integrations._llamafactory_tiny import write_tiny_sft_dataset

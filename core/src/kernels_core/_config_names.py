@@ -18,14 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._config import ConfigError
-from ._config import ConfigWarning
 from ._config import KernelsConfig
+from ._errors import ConfigError
+from ._errors import ConfigWarning
 from ._hints import user_stacklevel
-from ._manager import ENV_ALLOW
-from ._manager import ENV_BLOCK
-from ._manager import KernelsPluginManager
-from ._plugin_info import PluginStatus
+from ._plugins._loading import ENV_ALLOW
+from ._plugins._loading import ENV_BLOCK
+from ._plugins._manager import KernelsPluginManager
+from ._plugins._records import PluginStatus
 from ._types import ANY_BACKEND
 
 
