@@ -1,6 +1,7 @@
 """The forward objects kernelize binds, each made whole from what planning decided for one module
-(:class:`ForwardPlan`): a module's forward replaced by a kernel, or its class forward re-created with some global
-functions pointing at kernels.
+(:class:`ForwardPlan`, :func:`forward_for`): a module's forward replaced by a kernel, or its class forward re-created
+with some global functions pointing at kernels; and the instance attributes that bind each (:func:`bindings`: the
+module's forward, or where the kernel's plugin puts it).
 
 Both hold *references* (``module:attr`` strings) to a kernel's code rather than functions and build the callable
 they dispatch to from them, once. A copy or a load leaves it unbuilt: ``copy.deepcopy`` keeps the references, while
@@ -451,7 +452,8 @@ def bindings(plans: Iterable[ForwardPlan], bind_hook_of: Callable[[str], Callabl
         spec, plugin = planned.kernel.spec, planned.kernel.plugin
         hook = bind_hook_of(plugin.name) if plan.target == "forward" else None
         try:
-            binding = hook(module=plan.module, match=planned.match, kernel=spec, forward=forward) if hook else None
+            binding = None if hook is None else hook(module=plan.module, match=planned.match, kernel=spec,
+                                                     forward=forward)
         except Exception as exc:
             raise KernelizeError(f"plugin {plugin.name!r} ({plugin.origin}) failed to bind kernel {spec.id} to "
                                  f"{plan.name}: {type(exc).__name__}: {exc}") from exc

@@ -1,5 +1,6 @@
-"""Where a matched module runs (its :class:`Target`: device, backend, dtype), and choosing a kernel for it there or
-saying exactly why none fits.
+"""Where a matched module runs (its :class:`Target`: device, backend, dtype), choosing a kernel for it there or
+saying exactly why none fits, and the kernels each module was given (:class:`Assignments`), from which every
+module's :class:`~kernels_core._forward.ForwardPlan` is made.
 
 A module's target is read from its parameters: their device and dtype, those of its ``lm_head`` for a model with one
 (the loss kernel runs where ``lm_head`` lives, which under ``device_map`` can differ from the embeddings), unless
@@ -323,10 +324,12 @@ class Resolver:
 
 
 class Assignments:
-    """The kernels assigned to each module so far, and each module's complete plan at the end
-    (:meth:`plans`): one forward per module, so a kernel of a forward kind and kernels of global kinds (rerouting
-    globals of its class forward) cannot share it, nor can two global kernels reroute one global unless the later
-    one's kind builds on the earlier (its adapter takes ``base``)."""
+    """The kernels given to each module so far, and each module's complete plan at the end (:meth:`plans`).
+
+    One forward per module: a kernel of a forward kind and kernels of global kinds (rerouting globals of its class
+    forward) cannot share it, nor can two global kernels reroute one global unless the later one's kind builds on
+    the earlier (its adapter takes ``base``).
+    """
 
     def __init__(self) -> None:
         self._drafts: dict[int, _Draft] = {}
@@ -344,7 +347,7 @@ class Assignments:
 @dataclass
 class _Draft:
     """One module's kernels while planning goes on: one of a forward kind (with what its adapter built), or those
-    of global kinds; one forward per module, so a forward kernel and rerouted globals cannot share it."""
+    of global kinds."""
 
     name: str
     module: nn.Module

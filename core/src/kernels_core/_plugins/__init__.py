@@ -1,7 +1,14 @@
-"""The plugins of one process: loading them (:mod:`._loading`), what they declare (:mod:`._declarations`), what
-went wrong with them (:mod:`._diagnostics`), and the manager that holds the three (:mod:`._manager`).
+"""The plugins of one process. Plugins import none of this: their surface is :mod:`kernels_core.plugin`.
 
-The hook specifications a plugin implements are in :mod:`._hookspec`; each declaration hook's implementations are
-called in isolation from one another (:mod:`._isolation`), and the declarations of all plugins are checked against
-one another (:mod:`._cross_check`). Plugins import none of this: their surface is :mod:`kernels_core.plugin`.
+- :mod:`._hookspec`: the hooks a plugin implements and the plugin API version;
+- :mod:`._loading`: which plugins load (entry points, the environment's allow and block lists, reserved names, API
+  versions) and collecting what they declare, each hook implementation isolated (:mod:`._isolation`) and the
+  declarations checked across plugins (:mod:`._cross_check`);
+- :mod:`._declarations`: what the loaded plugins declare, as kernelize and the listings query it;
+- :mod:`._diagnostics`: what went wrong with them, said so that their users can act, and what fell back in this
+  process (:mod:`._fallbacks`);
+- :mod:`._records`: what the core records about a plugin (:class:`~._records.PluginInfo`, the one
+  :class:`~._records.Fault`);
+- :mod:`._manager`: :class:`~kernels_core.KernelsPluginManager`, which holds a loader and answers from its
+  declarations.
 """

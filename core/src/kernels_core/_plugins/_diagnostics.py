@@ -1,6 +1,7 @@
 """What went wrong with plugins, said so that their users can act: kernels that will not (or may not) be used
-(``kernels-core kernels``, ``kernels-core check``), layer kinds whose code does not load, and the broken plugin code
-one kernelize call met (:class:`PluginFaults`).
+(``kernels-core kernels``, ``kernels-core check``), among them those that cannot run on this machine at all
+(:func:`runnable_here`), layer kinds whose code does not load, and the broken plugin code one kernelize call met
+(:class:`PluginFaults`).
 
 Each is warned about with a :class:`~kernels_core.KernelFallbackWarning` naming the plugin, its distribution, the
 kernel or kind and the cause, once per process and cause (:mod:`._fallbacks`); strict kernelize raises for broken
