@@ -76,6 +76,21 @@ def _flex():
     return run
 
 
+def _varlen():
+    """Every row as one document of a packed batch, through kernels-cuda's packed_attention kernel (torch's
+    FlashAttention varlen): what a packed row of equal documents costs against the same rows unpacked."""
+    from kernels_triton.ops import native_varlen_attention
+
+    def run(q, k, v):
+        batch, heads, seq, dim = q.shape
+        cu = torch.arange(0, (batch + 1) * seq, seq, device=q.device, dtype=torch.int32)
+        flat = [t.transpose(1, 2).reshape(batch * seq, t.shape[1], dim) for t in (q, k, v)]
+        out = native_varlen_attention(*flat, cu_seqlens=cu, max_seqlen=seq, scale=dim ** -0.5, window=None)
+        return out.view(batch, seq, heads, dim).transpose(1, 2)
+
+    return run
+
+
 def _transformers(*, compiled: bool):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -159,6 +174,7 @@ def main() -> None:
         for label, backend in BACKENDS.items():
             variants[f"{label} gqa {layout}"] = (layout, _sdpa(backend, gqa=True))
             variants[f"{label} repeat_kv {layout}"] = (layout, _sdpa(backend, gqa=False))
+        variants[f"varlen packed {layout}"] = (layout, _varlen())
         variants[f"transformers sdpa {layout}"] = (layout, _transformers(compiled=False))
         variants[f"transformers sdpa compiled {layout}"] = (layout, _transformers(compiled=True))
         if not args.no_flex:

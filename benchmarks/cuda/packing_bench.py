@@ -32,6 +32,8 @@ import traceback
 import torch
 
 from benchmarks.common import environment
+from benchmarks.common import host_profile_step
+from benchmarks.common import profile_step
 from benchmarks.common import python_m
 from benchmarks.common import run_child
 from benchmarks.common import train_steps
@@ -103,11 +105,11 @@ def _model(name: str, *, sliding: bool = False) -> torch.nn.Module:
     return model.train()
 
 
-def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int) -> dict:
+def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int, profile: bool = False) -> dict:
     model = _model(model_name)
     runner, how = prepare(model, variant, [])
     batch, real = batch_for(layout, model.config.vocab_size, "cuda")
-    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup + 1)
+    timed, step = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup + 1)
     result = {
         "tokens_per_s": round(steps * real / timed["seconds"]),
         "step_ms": round(1e3 * timed["seconds"] / steps, 2),
@@ -120,6 +122,10 @@ def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int
         from torch._dynamo.utils import counters
 
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+    if profile:
+        result["profile_one_step"] = profile_step(step)
+        host = host_profile_step(step, torch.device("cuda"), top=12)
+        result["host_one_step"] = {key: host[key] for key in ("host_ms", "wall_ms", "by_cumtime")}
     return result
 
 
@@ -159,6 +165,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--agreement", type=int, default=0, help="steps of the eager/kernelize loss check (0: none)")
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--profile", action="store_true",
+                        help="add each train row's GPU time per kernel and host time of one more step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -168,7 +176,8 @@ def main() -> None:
             if kind == "train":
                 layout, variant = rest.split("/")
                 row.update(layout=layout, variant=variant)
-                row.update(train(args.model, layout, variant, steps=args.steps, warmup=args.warmup))
+                row.update(train(args.model, layout, variant, steps=args.steps, warmup=args.warmup,
+                                 profile=args.profile))
             else:
                 row.update(agreement(args.model, steps=args.agreement, sliding=rest == "sliding"))
         except Exception as exc:  # noqa: BLE001 - a failing row is a result to report
@@ -180,14 +189,16 @@ def main() -> None:
     def child(what: str) -> dict:
         tmp = args.out.with_name(f".packing-{what.replace('/', '-').replace(':', '-')}.json")
         cmd = python_m("benchmarks.cuda.packing_bench", "--child", what, "--out", str(tmp), "--model", args.model,
-                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--agreement", str(args.agreement))
+                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--agreement", str(args.agreement),
+                       *(["--profile"] if args.profile else []))
         start = time.perf_counter()
         result, error = run_child(cmd, tmp, timeout=args.timeout)
         row = result or {"what": what}
         if error:
             row["process_error"] = error
         row["process_s"] = round(time.perf_counter() - start, 1)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("traceback",)}), flush=True)
+        quiet = ("traceback", "profile_one_step", "host_one_step")
+        print(json.dumps({k: v for k, v in row.items() if k not in quiet}), flush=True)
         return row
 
     skip = set(filter(None, args.skip.split(",")))

@@ -17,7 +17,10 @@ the model before the Trainer exists (as LLaMA-Factory's ``KernelPlugin`` does at
 (``--model llama-3.1-8b-4l --layers 32``: Llama-3.1-8B at full depth); ``--optimizer foreach`` uses torch's
 multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-rank batch;
 ``--peft lora|lora_lm_head|qlora`` trains LoRA adapters (QLoRA: the base quantized to 4-bit nf4 by bitsandbytes
-while loading). Kernelized variants wait for the norms' C++ autograd nodes before training (steady-state numbers).
+while loading). ``--packing`` sends each step's ``--batch`` documents of ``--seq`` tokens as one packed row through
+``DataCollatorWithFlattening`` (restarting position ids, -100 at each document's start; the Trainer's default
+``use_cache=False`` makes eager attend per document). Kernelized variants wait for the norms' C++ autograd nodes
+before training (steady-state numbers).
 
     python -m benchmarks.cuda.trainer_bench --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
         --out benchmarks/results/trainer-zero3-qwen3-0.6b-4xh100.json
@@ -57,7 +60,8 @@ def deepspeed_config(stage: int) -> dict:
 
 def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False,
                 deepspeed: int | None = None, model_name: str = "qwen3-0.6b", layers: int | None = None,
-                optimizer: str = "fused", batch: int = 4, seq: int = 2048, lora: str | None = None) -> dict:
+                optimizer: str = "fused", batch: int = 4, seq: int = 2048, lora: str | None = None,
+                packing: bool = False) -> dict:
     import torch
     from transformers import Trainer
     from transformers import TrainerCallback
@@ -83,6 +87,13 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": (ids := torch.randint(0, vocab, (seq,), generator=g)), "labels": ids}
             for _ in range(batch * steps * world)]
+    collator = None
+    if packing:
+        from transformers import DataCollatorWithFlattening
+
+        # The collator builds the labels itself: the documents end to end, -100 at each one's first token.
+        data = [{"input_ids": example["input_ids"].tolist()} for example in data]
+        collator = DataCollatorWithFlattening()
     if lora is not None:
         model = with_lora(model, lora, output_dir)
     if variant == "kernelize_before":
@@ -106,7 +117,7 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
                              report_to=[], save_strategy="no", seed=0, disable_tqdm=True,
                              include_num_input_tokens_seen=True,
                              use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks, data_collator=collator)
     head_adapter = {name: p.detach().clone() for name, p in model.named_parameters()
                     if "lm_head" in name and "lora_" in name}
     torch.cuda.reset_peak_memory_stats()
@@ -163,12 +174,15 @@ def main() -> int:
     parser.add_argument("--peft", choices=sorted(PEFT_TARGETS),
                         help="train PEFT LoRA adapters (r 16) instead of all parameters: on every decoder linear, "
                              "on those and lm_head, or QLoRA (4-bit nf4 base, bitsandbytes)")
+    parser.add_argument("--packing", action="store_true",
+                        help="each step's documents packed in one row (DataCollatorWithFlattening)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.one:
         result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.gpus > 1,
                              deepspeed=opts.deepspeed, model_name=opts.model, layers=opts.layers,
-                             optimizer=opts.optimizer, batch=opts.batch, seq=opts.seq, lora=opts.peft)
+                             optimizer=opts.optimizer, batch=opts.batch, seq=opts.seq, lora=opts.peft,
+                             packing=opts.packing)
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result))
         return 0
@@ -182,6 +196,7 @@ def main() -> int:
     passed += ["--deepspeed", str(opts.deepspeed)] if opts.deepspeed else []
     passed += ["--layers", str(opts.layers)] if opts.layers else []
     passed += ["--peft", opts.peft] if opts.peft else []
+    passed += ["--packing"] if opts.packing else []
     for variant in opts.variants.split(","):
         torchrun = ["--standalone", "--nproc_per_node", str(opts.gpus)] if opts.gpus > 1 or opts.deepspeed else None
         cmd = python_m("benchmarks.cuda.trainer_bench", *passed, "--one", variant, torchrun=torchrun)

@@ -1,6 +1,8 @@
 """Packed rows on an NVIDIA GPU through ``kernels_core.kernelize`` with kernels-cuda: the packed_attention kind
 binds torch's FlashAttention varlen kernel (``cuda.packed_attention.torch``) and the kernelized model trains like
-eager transformers in the same setting (per document without a cache; Gemma 3's sliding layers banded too).
+eager transformers in the same setting (per document without a cache; Gemma 3's sliding layers banded too). Under
+torch.compile the ``masked`` variant (``any.packed_attention.flex``: FlexAttention over the mask's tiles, compiled by
+Inductor) trains like eager too.
 
 bf16 throughout (FlashAttention takes nothing else): eager's dense-mask SDPA and the varlen kernel both round
 their output once to bf16 (2^-8 relative), so losses agree within 1e-2 relative over 10 AdamW steps, and the
@@ -30,24 +32,32 @@ def _packed(vocab):
     return {"input_ids": ids, "position_ids": positions, "labels": labels}
 
 
+# The kernel kernelize picks eagerly, and under torch.compile the masked variant's.
+KERNELS = {"varlen": ("cuda.packed_attention.torch", False), "compiled": ("any.packed_attention.flex", True)}
+
+
 @pytest.mark.parametrize("family,extra", [
     ("qwen3", {}),
     ("gemma3_text", {"sliding_window": 48, "layer_types": ["sliding_attention", "full_attention"]}),
 ], ids=["qwen3", "gemma3-sliding"])
-def test_packed_rows_train_like_eager(family, extra):
+@pytest.mark.parametrize("kernel", KERNELS, ids=KERNELS)
+def test_packed_rows_train_like_eager(family, extra, kernel):
     import kernels_core
     from kernels_core.testing import tiny_causal_lm
 
+    expected, compiled = KERNELS[kernel]
     model = tiny_causal_lm(family, dtype=torch.bfloat16, hidden_size=128, intermediate_size=256,
                            num_attention_heads=8, num_key_value_heads=2, head_dim=32, vocab_size=509,
                            max_position_embeddings=512, **extra).cuda().train()
     twin = copy.deepcopy(model)
-    kernels_core.kernelize(twin, mode=kernels_core.Mode.TRAINING)
+    mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
+    kernels_core.kernelize(twin, mode=mode)
     bound = {e.kernel for e in kernels_core.get_report(twin).entries if e.kind == "packed_attention"}
-    assert bound == {"cuda.packed_attention.torch"}, kernels_core.get_report(twin)
+    assert bound == {expected}, kernels_core.get_report(twin)
     batch = _packed(model.config.vocab_size)
     losses = {}
-    for name, m in (("eager", model), ("kernelize", twin)):
+    torch._dynamo.reset()
+    for name, m in (("eager", model), ("kernelize", torch.compile(twin) if compiled else twin)):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
         losses[name] = []
         for step in range(10):

@@ -226,3 +226,56 @@ def test_bfloat16(pm, sdpa_calls):
     loss, _ = _loss_and_grads(twin, batch)
     assert sdpa_calls[:len(DOCUMENTS)] == list(DOCUMENTS)
     assert_close(loss, eager_loss, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("family,overrides", [
+    ("qwen3", {}),
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4,
+               "use_sliding_window": True, "max_window_layers": 0}),
+], ids=["causal", "sliding-layers"])
+def _recording_backend(graphs: list) -> object:
+    """AOTAutograd run eagerly (no C++ toolchain needed), keeping each graph Dynamo traced."""
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    return backend
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # Dynamo probing
+@pytest.mark.parametrize("family,overrides", [
+    ("qwen3", {}),
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4,
+               "use_sliding_window": True, "max_window_layers": 0}),
+], ids=["causal", "sliding-layers"])
+def test_compiled_rows_take_the_masked_kernel(pm, monkeypatch, family, overrides):
+    """Under torch.compile the documents cannot be read off the mask: the ``masked`` variant takes the mask itself
+    and computes what eager computes, per document. The trace of a forward shows FlexAttention in every layer
+    (admitted on the CPU for this check: it has no FlexAttention backward there); training steps, where the CPU
+    kernel hands the mask to SDPA, give eager's loss and gradients."""
+    import copy
+
+    from kernels_core._portable import _masked_attention
+
+    model = _model(family, use_cache=False, **overrides)
+    batch = _packed(DOCUMENTS)
+    eager_loss, eager_grads = _loss_and_grads(model, batch)
+    twin = copy.deepcopy(model)
+    kernels_core.kernelize(twin, mode=Mode.TRAINING | Mode.TORCH_COMPILE, plugin_manager=pm)
+    bound = {e.kernel for e in kernels_core.get_report(twin).entries if e.kind == "packed_attention"}
+    assert bound == {"any.packed_attention.flex"}
+    torch._dynamo.reset()
+    graphs: list = []
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(_masked_attention, "_FLEX_DEVICES", ("cuda", "cpu"))
+        logits = torch.compile(twin, backend=_recording_backend(graphs))(**batch).logits
+        assert_close(logits, model(**batch).logits, dtype=torch.float32)
+    traced = "".join(str(graph.graph) for graph in graphs)
+    # The kernel ran in every layer.
+    assert traced.count("higher_order.flex_attention") == model.config.num_hidden_layers
+    torch._dynamo.reset()
+    loss, _ = _loss_and_grads(torch.compile(twin, backend=_recording_backend([])), batch)
+    assert_close(loss, eager_loss, dtype=torch.float32)
+    for name, parameter in twin.named_parameters():
+        assert_close(parameter.grad, eager_grads[name], dtype=torch.float32)
+    torch._dynamo.reset()

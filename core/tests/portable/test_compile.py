@@ -12,6 +12,7 @@ from kernels_core import Supports
 from kernels_core._portable import SPECS
 from kernels_core._portable._causal_mask import sdpa_is_causal
 from kernels_core._portable._cross_entropy import fused_linear_cross_entropy
+from kernels_core._portable._masked_attention import masked_attention
 from kernels_core._portable._residual_rms_norm import residual_rms_norm
 from kernels_core._portable._rms_norm import rms_norm
 from kernels_core._portable._silu_mul import silu_mul
@@ -63,7 +64,16 @@ def _banded_attention(q, k, v):
     return banded_sdpa(sdpa_attention_forward, torch.nn.Module(), q, k, v, band, sliding_window=3)[0].sum()
 
 
+def _packed_masked_attention(q, k, v):
+    # Two documents of 4 and 7 tokens in one row; grouped-query heads (4 queries, 2 keys and values).
+    i, document = torch.arange(11), torch.tensor([0] * 4 + [1] * 7)
+    mask = ((i[:, None] >= i[None]) & (document[:, None] == document[None]))[None]
+    return masked_attention(q, k, v, mask=mask, scale=0.3).sum()
+
+
 CASES = {
+    "packed_attention": (_packed_masked_attention, lambda: (torch.randn(2, 4, 11, 8), torch.randn(2, 2, 11, 8),
+                                                           torch.randn(2, 2, 11, 8))),
     "sliding_window_attention": (_banded_attention, lambda: tuple(torch.randn(2, 2, 11, 8) for _ in range(3))),
     "causal_mask": (_masked_scores, lambda: (torch.randn(2, 5, 8),)),
     "causal_lm_loss": (_loss, lambda: (torch.randn(37, 8), torch.randn(50, 8), torch.randint(0, 50, (37,)))),

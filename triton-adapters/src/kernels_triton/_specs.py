@@ -103,8 +103,8 @@ NATIVE_ADAPTERS: Mapping[str, AdapterEntry] = _by_kind(
                  "norm"),
     # Half precision only: FlashAttention's kernel takes nothing else (float32 modules keep the portable kernel).
     AdapterEntry("packed_attention", ("causal", "sliding_window"), "kernels_triton.ops:native_varlen_attention",
-                 _GRAD, "torch.nn.attention.varlen_attn: FlashAttention over every document of a packed row in one "
-                 "launch", dtypes=("float16", "bfloat16")),
+                 _GRAD, "FlashAttention's variable-length kernel (ATen's, as torch.nn.attention.varlen_attn calls it) "
+                 "over every document of a packed row in one launch", dtypes=("float16", "bfloat16")),
 )
 
 

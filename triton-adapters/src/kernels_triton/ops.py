@@ -21,7 +21,8 @@ package's own Triton kernels, ``liger_`` ones Liger-Kernel's, ``native_`` ones P
 - MoE experts: :func:`moe_experts_silu`, :func:`moe_experts_gelu_tanh` (two grouped products),
   :func:`liger_moe_experts_silu`;
 - causal-LM loss: :func:`liger_fused_linear_cross_entropy`;
-- packed rows' attention per document: :func:`native_varlen_attention` (PyTorch's FlashAttention varlen kernel).
+- packed rows' attention per document: :func:`native_varlen_attention` (FlashAttention's varlen kernel as ATen
+  ships it).
 
 **The RMSNorm kernels' own entry points**, for benchmarks and tuning sweeps: :func:`apply_rms_norm` (the Python
 autograd path), :func:`rms_norm_forward`, :func:`rms_norm_backward`, :func:`add_rms_norm_backward`,

@@ -92,7 +92,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         name="packed_attention",
         description="the sdpa attention function of a causal attention module, for packed rows: each document's "
                     "attention without the dense mask (rerouted per instance; any other mask goes to sdpa)",
-        variants=("causal", "sliding_window"),
+        variants=("causal", "sliding_window", "masked"),
         matcher=f"{_P}._packed:match_packed_attention",
         adapter=f"{_P}._packed:adapt_packed_attention",
         options={},

@@ -49,7 +49,7 @@ from ._context import MatchContext
 from ._context import plain_class_forward
 
 
-__all__ = ["Documents", "adapt_packed_attention", "documents_of", "match_packed_attention"]
+__all__ = ["Documents", "adapt_packed_attention", "documents_of", "masked_sdpa", "match_packed_attention"]
 
 _KIND = "packed_attention"
 # Keyword arguments transformers' sdpa_attention_forward reads and the kernel does not reproduce: the call then goes
@@ -67,10 +67,12 @@ def match_packed_attention(module: nn.Module, name: str, ctx: MatchContext) -> M
     if problem:
         return Decline(_KIND, problem)
     if ctx.mode is not None and Mode.TORCH_COMPILE in ctx.mode:
-        # The documents are read off the mask's values on the host, which a traced graph cannot do: every traced
-        # call would go to sdpa, so a kernel bound here would be reported but never run.
-        return Decline(_KIND, "under torch.compile the documents cannot be read off the mask (a host read of its "
-                              "values); sdpa computes packed rows with their dense mask there")
+        # A traced graph cannot read the documents off the mask (a host read of its values), so under
+        # torch.compile the kernel takes the mask itself and skips the tiles it hides.
+        return Match(_KIND, "masked", {"global_name": GLOBAL_NAME},
+                     evidence="sdpa attention under torch.compile: a call with a boolean mask (packed rows, "
+                              "padding) computes the same masked attention skipping the key blocks the mask hides; "
+                              "calls without a mask go to sdpa as before")
     window = getattr(module, "sliding_window", None)
     windowed = isinstance(window, int) and not isinstance(window, bool)
     evidence = ("sdpa attention: where its mask is exactly causal per document (packed rows"
@@ -193,6 +195,29 @@ def packed_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: n
     return out.view(batch, length, heads, dim), None
 
 
+def masked_sdpa(sdpa: Callable[..., Any], impl: Callable[..., Any], /, module: nn.Module, query: torch.Tensor,
+                key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, *args: Any,
+                **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """transformers' ``sdpa_attention_forward``, with ``impl`` computing the calls that bring a boolean mask
+    (the ``masked`` variant, under torch.compile); ``sdpa`` computes every other call.
+
+    Only static facts decide (a trace may not branch on data): a boolean ``[B or 1, 1, S, S]`` mask, as many keys
+    as queries, nothing sdpa_attention_forward reads that the kernel does not reproduce.
+    """
+    dropout = kwargs.get("dropout", args[0] if args else 0.0)
+    batch, heads, length, dim = query.shape
+    if (not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool
+            or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+            or attention_mask.shape[0] not in (1, batch) or attention_mask.shape[-2:] != (length, length)
+            or key.shape[-2] != length or len(args) > 2 or dropout or heads % key.shape[1]
+            or any(kwargs.get(name) is not None for name in _NOT_REPRODUCED) or kwargs.get("output_attentions")):
+        return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+    scale = kwargs.get("scaling", args[1] if len(args) > 1 else None)
+    out = impl(query, key, value, mask=attention_mask[:, 0], scale=float(dim ** -0.5 if scale is None else scale))
+    # sdpa_attention_forward returns [batch, queries, heads, head_dim].
+    return out.transpose(1, 2).contiguous(), None
+
+
 def adapt_packed_attention(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict, *,
                            base: Any = None) -> Registry:
     """The registry this module's forward sees: its ``"sdpa"`` entry is :func:`packed_sdpa` over the entry it had.
@@ -201,4 +226,5 @@ def adapt_packed_attention(module: nn.Module, match: Match, impl: Callable[..., 
     ``"sdpa"`` then computes the calls that are not packed; otherwise transformers' own registry.
     """
     original = base if base is not None else plain_class_forward(module).__globals__[match.params["global_name"]]
-    return Registry(original, functools.partial(packed_sdpa, original["sdpa"], impl))
+    fn = masked_sdpa if match.variant == "masked" else packed_sdpa
+    return Registry(original, functools.partial(fn, original["sdpa"], impl))

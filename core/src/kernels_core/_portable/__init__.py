@@ -6,7 +6,7 @@ priorities of 100 and above, so on their hardware they win over these automatica
 
 Example:
     >>> from kernels_core._portable import SPECS
-    >>> sorted(spec.kind for spec in SPECS)  # doctest: +NORMALIZE_WHITESPACE
+    >>> sorted({spec.kind for spec in SPECS})  # doctest: +NORMALIZE_WHITESPACE
     ['causal_lm_loss', 'causal_mask', 'packed_attention', 'residual_rms_norm', 'rms_norm', 'silu_gated_mlp',
      'sliding_window_attention']
 """
@@ -59,6 +59,18 @@ SPECS: tuple[KernelSpec, ...] = (
         supports=Supports.BACKWARD,
         dtypes=_ALL_FLOATS,
         description="one causal SDPA call per document of a packed row (its is_causal kernels, no dense mask)",
+    ),
+    KernelSpec(
+        id="any.packed_attention.flex",
+        kind="packed_attention",
+        variants=("masked",),
+        backend="any",
+        impl="kernels_core._portable._masked_attention:masked_attention",
+        priority=0,
+        supports=_TRAINABLE,
+        dtypes=_ALL_FLOATS,
+        description="under torch.compile, FlexAttention over the tiles the boolean mask shows (SDPA with the mask "
+                    "where FlexAttention has no compiled kernel)",
     ),
     KernelSpec(
         id="any.sliding_window_attention.banded",
