@@ -67,6 +67,11 @@ def match_packed_attention(module: nn.Module, name: str, ctx: MatchContext) -> M
     if problem:
         return Decline(_KIND, problem)
     if ctx.mode is not None and Mode.TORCH_COMPILE in ctx.mode:
+        if Mode.TRAINING not in ctx.mode:
+            # Decoding steps bring a mask and a cache, which the kernel never takes; a bound attention function
+            # would only add guards that Dynamo checks on every step.
+            return Decline(_KIND, "under torch.compile for inference the traced mask stays with sdpa (packed rows "
+                                  "are a training layout; decoding steps would only pay the binding's guards)")
         # A traced graph cannot read the documents off the mask (a host read of its values), so under
         # torch.compile the kernel takes the mask itself and skips the tiles it hides.
         return Match(_KIND, "masked", {"global_name": GLOBAL_NAME},
