@@ -3,7 +3,7 @@
 - ``plugins.md``, ``kernel-conventions.md``: copied from ``core/docs/``;
 - ``configuration.md``: ``core/docs/configuration.md``, followed by a table of every key of
   ``kernels_core/_config.py`` (read with ``ast``, nothing imported) and every environment variable (``ENV_*``
-  constants of ``_config.py`` and ``_manager.py``); a key or variable without a description fails the build;
+  constants of ``_config.py`` and ``_plugins/_loading.py``); a key or variable without a description fails the build;
 - ``benchmarks.md`` and ``assets/*.svg`` are files written by ``python -m tools.report --write``; the build runs
   ``python -m tools.report --check`` and fails when they (or the README's results table) no longer match
   ``benchmarks/results/``.
@@ -80,7 +80,7 @@ ENV_VARS = {
 def _key_tables() -> str:
     """Every configuration key and environment variable, from the source, each with its description."""
     tree = ast.parse((ROOT / "core/src/kernels_core/_config.py").read_text())
-    manager = ast.parse((ROOT / "core/src/kernels_core/_manager.py").read_text())
+    manager = ast.parse((ROOT / "core/src/kernels_core/_plugins/_loading.py").read_text())
     sets: dict[str, list[str]] = {}
     env: list[str] = []
     for node in [*tree.body, *manager.body]:

@@ -1,5 +1,5 @@
 """Third-party plugins with the mistakes plugin authors make: a matcher or an adapter that raises, kernels whose output
-has the wrong shape or dtype, a kernel that raises. Used by ``test_fallbacks.py``, ``test_verify.py`` and
+has the wrong shape or dtype, a kernel that raises. Used by ``test_fallbacks.py``, ``test_trial.py`` and
 ``test_check.py``."""
 
 from __future__ import annotations

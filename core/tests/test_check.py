@@ -8,9 +8,9 @@ import broken_plugins
 import conformance_plugins
 import pytest
 from kernels_core import _cli
-from kernels_core import _manager
-from kernels_core._check import CheckError
 from kernels_core._check import check
+from kernels_core._errors import CheckError
+from kernels_core._plugins import _manager
 from kernels_core.testing import assert_conforms
 from kernels_core.testing import fresh_plugin_manager
 

@@ -12,9 +12,9 @@ import pytest
 from kernels_core import BackendInfo
 from kernels_core import KernelSpec
 from kernels_core import _cli
-from kernels_core import _manager
 from kernels_core import hookimpl
 from kernels_core._check import check
+from kernels_core._plugins import _manager
 from kernels_core.testing import fresh_plugin_manager
 
 

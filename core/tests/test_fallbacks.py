@@ -18,7 +18,7 @@ from kernels_core import Match
 from kernels_core import Mode
 from kernels_core import Supports
 from kernels_core import hookimpl
-from kernels_core._plugin_info import reset_fallbacks
+from kernels_core._plugins._fallbacks import reset_fallbacks
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import tiny_causal_lm
 
@@ -65,7 +65,7 @@ def test_missing_impl_warns_once_naming_plugin_kernel_and_cause_and_is_reported(
     # The listing shows it too, in this process ...
     assert [s for s, _ in pm.kernel_problems()["demo.rms_norm.missing"]] == ["fell back"]
     from kernels_core import _cli
-    from kernels_core import _manager as manager_module
+    from kernels_core._plugins import _manager as manager_module
 
     previous = manager_module.reset_plugin_manager(pm)
     try:

@@ -7,11 +7,17 @@ import functools
 
 import pytest
 import torch
-from kernels_core._forward import GlobalOverride
+from kernels_core._forward import ForwardPlan
 from kernels_core._forward import KernelForward
+from kernels_core._forward import PlannedKernel
 from kernels_core._forward import ReroutedForward
 from kernels_core._forward import decorator_chain_problem
 from kernels_core._forward import rewrap
+from kernels_core._plugins._records import PluginInfo
+from kernels_core._plugins._records import ProvidedKernel
+from kernels_core._plugins._records import ProvidedKind
+from kernels_core._types import KernelSpec
+from kernels_core._types import LayerKind
 from kernels_core._types import Match
 
 
@@ -93,9 +99,18 @@ class Outer(torch.nn.Module):
         return double(self.inner(x))
 
 
-def _kernel_forward(module, impl, **extra):
-    return KernelForward(module, kernel_id="acme.double.k", kind="doubling", impl=f"{__name__}:{impl}",
-                         adapter=f"{__name__}:pass_impl", match=Match("doubling", "plain"), options={}, **extra)
+def _planned(kernel_id, impl, *, plugin="", origin=None, target="forward", global_name=None):
+    distribution, _, version = (origin or "").partition(" ")
+    info = PluginInfo(name=plugin, module="", distribution=distribution or None, version=version or None)
+    spec = KernelSpec(id=kernel_id, kind="doubling", variants=("plain",), backend="any", impl=f"{__name__}:{impl}")
+    kind = LayerKind(name="doubling", description="", variants=("plain",), matcher=f"{__name__}:pass_impl",
+                     adapter=f"{__name__}:pass_impl", target=target)
+    params = {"global_name": global_name} if global_name else {}
+    return PlannedKernel(ProvidedKernel(spec, info), ProvidedKind(kind, info), Match("doubling", "plain", params), {})
+
+
+def _kernel_forward(module, impl, *, module_name="", **extra):
+    return KernelForward(ForwardPlan(module_name, module, (_planned("acme.double.k", impl, **extra),)))
 
 
 def _notes(exc):
@@ -117,10 +132,9 @@ def test_rerouted_forward_exception_names_every_kernel_and_only_the_innermost_fo
     outer = Outer()
     outer.inner.forward = _kernel_forward(outer.inner, "boom", plugin="acme", origin="kernels-acme 1.0",
                                           module_name="inner")
-    override = GlobalOverride(kernel_id="acme.double.global", kind="doubling", global_name="double",
-                              impl=f"{__name__}:double", adapter=f"{__name__}:pass_impl",
-                              match=Match("doubling", "plain"), plugin="acme", origin="kernels-acme 1.0")
-    rerouted = ReroutedForward(outer, overrides=(override,), module_name="outer")
+    override = _planned("acme.double.global", "double", plugin="acme", origin="kernels-acme 1.0", target="global",
+                        global_name="double")
+    rerouted = ReroutedForward(ForwardPlan("outer", outer, (override,)))
     with pytest.raises(KeyError) as info:
         rerouted(torch.ones(2))
     (note,) = _notes(info.value)

@@ -1,10 +1,10 @@
 """No import cycles among the modules of a package, read from the source with ``ast`` (nothing is imported).
 
-Both module-level and function-level imports count: a function-level import only delays a cycle to the first call,
-and the modules on it still cannot be understood, tested or moved one without the other. Imports under
-``if TYPE_CHECKING:`` do not count (they never run). Neither does the import of a parent package that importing a
-submodule implies: Python finishes the parent's ``__init__`` before the submodule runs, so that edge cannot close a
-cycle; an explicit ``from package import name`` does count.
+Module-level, function-level and ``if TYPE_CHECKING:`` imports all count: a function-level import only delays a
+cycle to the first call, and one for annotations alone never runs, yet the modules on either cannot be understood,
+tested or moved one without the other. The import of a parent package that importing a submodule implies does not
+count: Python finishes the parent's ``__init__`` before the submodule runs, so that edge cannot close a cycle; an
+explicit ``from package import name`` does count.
 """
 
 from __future__ import annotations
@@ -25,12 +25,6 @@ PACKAGES = {
 def _module_name(path: Path, package_dir: Path) -> str:
     parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
@@ -55,9 +49,6 @@ def import_graph(package_dir: Path) -> dict[str, dict[str, str]]:
         pending: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
         while pending:
             node = pending.pop()
-            if isinstance(node, ast.If) and _type_checking(node):
-                pending.extend(node.orelse)
-                continue
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for name in _imported(node, module, path.name == "__init__.py"):
                     # ``from package import name`` takes a submodule when there is one, else an attribute.

@@ -252,10 +252,10 @@ def test_per_device_choice_under_a_simulated_device_map(monkeypatch):
     placement = {id(m): torch.device("cuda", 0) for m in model.model.layers[0].modules()}
     placement.update({id(m): torch.device("cuda", 1) for m in model.model.layers[1].modules()})
     placement[id(model.model.norm)] = torch.device("cuda", 1)
-    from kernels_core import _kernelize
+    from kernels_core import _resolve
 
-    real = _kernelize.module_device
-    monkeypatch.setattr(_kernelize, "module_device", lambda m: placement.get(id(m), real(m)))
+    real = _resolve._device
+    monkeypatch.setattr(_resolve, "_device", lambda m: placement.get(id(m), real(m)))
     kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=pm)
     chosen = {e.module: (e.backend, e.kernel) for e in kernels_core.get_report(model).entries if e.kind == "rms_norm"}
     assert chosen["model.layers.0.input_layernorm"] == ("alpha", "alpha.rms_norm")

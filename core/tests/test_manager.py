@@ -306,7 +306,7 @@ def test_kernelize_still_binds_with_an_impostor_installed(site):
 
 def test_a_name_advertised_twice_is_refused_listed_and_kept_after_invalidate(site, capsys):
     from kernels_core import _cli
-    from kernels_core import _manager as manager_module
+    from kernels_core._plugins import _manager as manager_module
 
     _install_distribution(site, "demo-plugin", "1.0", "demo_good", GOOD, "demo")
     _install_distribution(site, "other-demo", "2.0", "demo_other", GOOD.replace("demo_good", "demo_other"), "demo")
@@ -430,7 +430,7 @@ def test_kernel_for_a_backend_no_plugin_detects_is_listed(capsys):
     import json
 
     from kernels_core import _cli
-    from kernels_core import _manager as manager_module
+    from kernels_core._plugins import _manager as manager_module
     from kernels_core.testing import fresh_plugin_manager
 
     typo = KernelSpec(id="typo.rms_norm.k", kind="rms_norm", variants=("standard",), backend="cpuu",

@@ -55,7 +55,7 @@ def test_a_plugin_for_api_1_loads(api):
 ])
 def test_a_plugin_for_another_api_is_refused_with_the_reason(api, reason, caplog, capsys):
     from kernels_core import _cli
-    from kernels_core import _manager as manager_module
+    from kernels_core._plugins import _manager as manager_module
 
     calls = []
     pm = _manager()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from kernels_core import Mode
-from kernels_core import Supports
+from kernels_core.plugin import Supports
 from kernels_cuda import _plugin
 from kernels_cuda import cuda_kernel_specs
 

@@ -25,11 +25,11 @@ from float8_checks import BOUND_GRAD
 from float8_checks import check_against_bf16
 from float8_checks import rel
 from float8_checks import request
-from kernels_core import BackendInfo
-from kernels_core import DeviceInfo
 from kernels_core import KernelizeError
 from kernels_core import Mode
-from kernels_core import hookimpl
+from kernels_core.plugin import BackendInfo
+from kernels_core.plugin import DeviceInfo
+from kernels_core.plugin import hookimpl
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import tiny_causal_lm
 from kernels_cuda import _float8_specs

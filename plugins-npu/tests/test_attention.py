@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_core import Decline
-from kernels_core import Match
+from kernels_core.plugin import Decline
+from kernels_core.plugin import Match
 from kernels_npu._attention import NpuAttentionFunctions
 from kernels_npu._attention import adapt
 from kernels_npu._attention import attention_forward

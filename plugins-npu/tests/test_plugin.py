@@ -8,8 +8,8 @@ from importlib import metadata
 from pathlib import Path
 from pkgutil import resolve_name
 
-from kernels_core import KernelSpec
-from kernels_core import Supports
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import Supports
 from kernels_npu import _plugin
 
 

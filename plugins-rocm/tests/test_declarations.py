@@ -6,7 +6,7 @@ import importlib
 import re
 
 import pytest
-from kernels_core import Supports
+from kernels_core.plugin import Supports
 from kernels_rocm import rocm_kernel_specs
 from kernels_rocm._archs import CDNA
 from kernels_rocm._archs import LIGER_CI_ARCHS

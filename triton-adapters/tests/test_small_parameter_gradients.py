@@ -15,9 +15,10 @@ from __future__ import annotations
 import kernels_core
 import pytest
 import torch
-from kernels_core import KernelSpec
 from kernels_core import Mode
-from kernels_core import Supports
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import Supports
+from kernels_core.plugin import hookimpl
 from kernels_core.testing import FAMILIES
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import tiny_causal_lm
@@ -72,7 +73,7 @@ class _KernelsHere:
     """The kernels above for any backend (the adapters route CPU tensors to native code; these do not)."""
 
     @staticmethod
-    @kernels_core.hookimpl
+    @hookimpl
     def kernels_core_kernels():
         spec = {"backend": "any", "priority": 60, "supports": Supports.BACKWARD,
                 "dtypes": ("float16", "bfloat16", "float32")}

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from kernels_core import CapabilityRange
-from kernels_core import Supports
+from kernels_core.plugin import CapabilityRange
+from kernels_core.plugin import Supports
 from kernels_triton import LIGER_ADAPTERS
 from kernels_triton import NATIVE_ADAPTERS
 from kernels_triton import liger_kernel_specs

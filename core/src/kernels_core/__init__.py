@@ -15,22 +15,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
-from ._config import ConfigError
-from ._config import ConfigWarning
 from ._config import KernelsConfig
 from ._config import KindConfig
 from ._config import load_config
-from ._hookspec import hookimpl
-from ._manager import KernelFallbackWarning
-from ._manager import KernelsPluginManager
-from ._manager import PluginError
-from ._manager import PluginInfo
-from ._manager import get_plugin_manager
-from ._manager import reset_plugin_manager
-from ._plugin_info import PluginStatus
+from ._errors import ConfigError
+from ._errors import ConfigWarning
+from ._errors import KernelFallbackWarning
+from ._errors import KernelizeError
+from ._errors import PluginError
+from ._plugins._hookspec import hookimpl
+from ._plugins._manager import KernelsPluginManager
+from ._plugins._manager import get_plugin_manager
+from ._plugins._manager import reset_plugin_manager
+from ._plugins._records import PluginInfo
+from ._plugins._records import PluginStatus
 from ._report import KernelizeReport
 from ._report import ReportEntry
-from ._resolve import KernelizeError
 from ._types import BackendInfo
 from ._types import Binding
 from ._types import CapabilityRange
@@ -49,12 +49,6 @@ if TYPE_CHECKING:
     from ._kernelize import unkernelize
 
 __version__ = "0.1.0"
-
-# Errors and warnings print their class by module: users catch and filter them as kernels_core.<Name>, so that is
-# the name tracebacks and warnings show, never the private module that defines them.
-for _public in (ConfigError, ConfigWarning, KernelFallbackWarning, KernelizeError, PluginError):
-    _public.__module__ = __name__
-del _public
 
 __all__ = [
     "BackendInfo",

@@ -1,21 +1,26 @@
-"""Binding: the instance attributes kernelize sets on a module, the record that undoes them exactly, and the
-transaction (:class:`Changes`) that applies one kernelize call's bindings all or nothing.
+"""Binding: the instance attributes kernelize sets on a module, the record that undoes them exactly, the
+transaction (:class:`Changes`) that applies one kernelize call's bindings all or nothing, and the report that call
+leaves on the model.
 
 A binding only ever sets instance attributes (the module's ``forward``, or, under accelerate's hooks, its
 ``_old_forward``), never parameters, buffers or sub-modules, and stores a :class:`BindingRecord` in the module's
 ``__dict__`` saying what each attribute held before and what kernelize put there. :func:`unbind` puts the previous
 values back; :func:`check_untouched` refuses to when other code replaced a bound attribute since (restoring would
-silently drop that code's wrapper).
+silently drop that code's wrapper). :func:`rebind` replaces every binding under a model at once, with its report.
+
+This module alone reads and writes the two attributes kernelize keeps in a module's ``__dict__``: the binding record
+(:func:`record_of`) and, on the model kernelize was called on, the report (:func:`stored_report`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
 
-from ._resolve import KernelizeError
+from ._errors import KernelizeError
 from .persisted import STATE_VERSION
 from .persisted import Persisted
 from .persisted import restore
@@ -28,17 +33,25 @@ __all__ = [
     "BINDING_ATTR",
     "FOREIGN_FORWARD",
     "MISSING",
+    "REPORT_ATTR",
     "BindingRecord",
     "Changes",
     "bind",
     "check_untouched",
     "forward_slot",
     "instance_override",
+    "instance_overrides",
     "original_forward",
+    "rebind",
+    "record_of",
+    "store_report",
+    "stored_report",
     "unbind",
+    "unbind_all",
 ]
 
 BINDING_ATTR = "_kernels_core_binding"
+REPORT_ATTR = "_kernels_core_report"
 # Why a module whose forward other code replaced per instance is left alone (the report's reason starts so).
 FOREIGN_FORWARD = "the instance forward was already replaced by other code"
 
@@ -71,6 +84,11 @@ class BindingRecord(Persisted):
     bound: dict[str, object] = field(default_factory=dict)
 
 
+def record_of(module: nn.Module) -> BindingRecord | None:
+    """The record of what kernelize bound to ``module`` itself, or None."""
+    return module.__dict__.get(BINDING_ATTR)
+
+
 def forward_slot(module: nn.Module) -> str:
     """The instance attribute holding the module's own math: ``_old_forward`` where accelerate's
     ``add_hook_to_module`` wrapped the instance, else ``forward``."""
@@ -85,13 +103,19 @@ def instance_override(module: nn.Module) -> object | None:
     bound to the instance, which is what accelerate stores when it wraps a plain module.
     """
     slot = forward_slot(module)
-    record = module.__dict__.get(BINDING_ATTR)
+    record = record_of(module)
     value = record.previous.get(slot) if record is not None and slot in record.previous else module.__dict__.get(slot)
     if value is None or value is MISSING:
         return None
     if getattr(value, "__self__", None) is module and getattr(value, "__func__", None) is type(module).forward:
         return None
     return value
+
+
+def instance_overrides(model: nn.Module) -> dict[int, object]:
+    """:func:`instance_override` of every module under ``model`` that has one, by ``id(module)``."""
+    found = ((id(module), instance_override(module)) for module in model.modules())
+    return {key: value for key, value in found if value is not None}
 
 
 def original_forward(module: nn.Module) -> Any:
@@ -101,7 +125,7 @@ def original_forward(module: nn.Module) -> Any:
     probe built on the module's own device does not need.
     """
     slot = forward_slot(module)
-    record = module.__dict__.get(BINDING_ATTR)
+    record = record_of(module)
     if record is not None and slot in record.previous:
         previous = record.previous[slot]
         return type(module).forward.__get__(module, type(module)) if previous is MISSING else previous
@@ -161,7 +185,7 @@ def bind(changes: Changes, module: nn.Module, attributes: dict[str, object],
 
 def unbind(changes: Changes, module: nn.Module) -> bool:
     """Put back what kernelize replaced on ``module`` and drop its record; False if it had none."""
-    record = module.__dict__.get(BINDING_ATTR)
+    record = record_of(module)
     if record is None:
         return False
     changes.set(module.__dict__, {**record.previous, BINDING_ATTR: MISSING})
@@ -184,7 +208,7 @@ def check_untouched(model: nn.Module, action: str) -> None:
     """
     changed: list[str] = []
     for name, module in model.named_modules():
-        record = module.__dict__.get(BINDING_ATTR)
+        record = record_of(module)
         for attr, value in (record.bound if record is not None else {}).items():
             current = module.__dict__.get(attr, MISSING)
             if current is not value:
@@ -195,3 +219,54 @@ def check_untouched(model: nn.Module, action: str) -> None:
             f"{action} would drop code that wrapped the model after kernelize: {'; '.join(changed)}. Nothing was "
             f"changed. {action.capitalize()} before that code wraps the model (for accelerate and TRL: before "
             "Accelerator.prepare / building the trainer), or undo that wrapper first")
+
+
+def rebind(model: nn.Module, report: Any,
+           bindings: Iterable[tuple[nn.Module, dict[str, object], tuple[tuple[str, str], ...]]] | None) -> None:
+    """Replace every binding under ``model`` with ``bindings`` and leave ``report`` on it, all or nothing.
+
+    ``bindings`` gives, module by module, the attributes to set and the (kind, kernel id) pairs they bind; it is
+    read inside the transaction, after every earlier binding under ``model`` was undone, so that whatever raises
+    while making one (a plugin's bind hook) leaves the model exactly as it was. A sub-module kernelized on its own
+    before (the model inside a PEFT or accelerate wrapper) loses its report with its bindings. None (kernelize
+    disabled by configuration) changes no binding: the report alone is left.
+    """
+    if bindings is None:
+        model.__dict__[REPORT_ATTR] = report
+        return
+    with Changes() as changes:
+        for module in model.modules():
+            unbind(changes, module)
+        for module, attributes, kernels in bindings:
+            bind(changes, module, attributes, kernels)
+        changes.set(model.__dict__, {REPORT_ATTR: report})
+    _drop_reports(model, keep_root=True)
+
+
+def unbind_all(model: nn.Module) -> int:
+    """Undo every binding under ``model`` (a wrapper's too) and drop every report there; how many modules were bound.
+
+    Raises :class:`KernelizeError`, changing nothing, where other code replaced a bound attribute since.
+    """
+    check_untouched(model, "unkernelize")
+    changes = Changes()
+    restored = sum(unbind(changes, module) for module in model.modules())
+    _drop_reports(model, keep_root=False)
+    return restored
+
+
+def stored_report(model: nn.Module) -> Any:
+    """The report the last kernelize call left on ``model``, as it was written (None: none)."""
+    return model.__dict__.get(REPORT_ATTR)
+
+
+def store_report(model: nn.Module, report: Any) -> None:
+    """Leave ``report`` on ``model`` in place of the one there (an integration noting what it saw about the model,
+    the Trainer callback)."""
+    model.__dict__[REPORT_ATTR] = report
+
+
+def _drop_reports(model: nn.Module, *, keep_root: bool) -> None:
+    for module in model.modules():
+        if not (keep_root and module is model):
+            module.__dict__.pop(REPORT_ATTR, None)

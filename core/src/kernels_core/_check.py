@@ -28,16 +28,19 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
+from ._errors import CheckError
 from ._hints import did_you_mean
-from ._manager import KernelsPluginManager
-from ._manager import ProvidedKernel
-from ._manager import ProvidedKind
-from ._manager import get_plugin_manager
-from ._plugin_info import KernelProblem
-from ._plugin_info import PluginStatus
-from ._resolve import runnable_here
+from ._plugins._diagnostics import runnable_here
+from ._plugins._manager import KernelsPluginManager
+from ._plugins._manager import get_plugin_manager
+from ._plugins._records import KernelProblem
+from ._plugins._records import PluginInfo
+from ._plugins._records import PluginStatus
+from ._plugins._records import ProvidedKernel
+from ._plugins._records import ProvidedKind
 from ._tolerance import kernel_tolerance
 from ._tolerance import rms_tolerance
 from ._types import BackendInfo
@@ -48,7 +51,6 @@ from ._types import Supports
 
 __all__ = [
     "DEFAULT_COMPILE_BACKEND",
-    "CheckError",
     "CheckReport",
     "CheckResult",
     "CheckStatus",
@@ -88,10 +90,6 @@ class CheckStatus(StatusEnum):
 
 
 PASS, FAIL, SKIPPED = CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.SKIPPED
-
-
-class CheckError(ValueError):
-    """A check names a plugin or a kernel that is not installed."""
 
 
 @dataclass(frozen=True)
@@ -370,22 +368,17 @@ def _unregister(ref: str) -> None:
 
 
 def _kernel_forward(target: Any, kind: ProvidedKind, spec: Any, ref: str, match: Any) -> Callable[..., Any]:
-    """The forward kernelize would bind to ``target`` for this kernel (the module itself is left unchanged)."""
-    from ._forward import GlobalOverride
+    """The forward kernelize would bind to ``target`` for this kernel (the module itself is left unchanged), built
+    now as kernelize builds it: a build at the first call would be a graph break under torch.compile."""
+    from ._forward import ForwardPlan
     from ._forward import KernelForward
+    from ._forward import PlannedKernel
     from ._forward import ReroutedForward
 
-    layer_kind = kind.kind
-    if layer_kind.target == "global":
-        override = GlobalOverride(kernel_id=spec.id, kind=layer_kind.name, global_name=match.params["global_name"],
-                                  impl=ref, adapter=layer_kind.adapter, match=match, options={})
-        forward: Any = ReroutedForward(target, overrides=(override,))
-    else:
-        forward = KernelForward(target, kernel_id=spec.id, kind=layer_kind.name, impl=ref,
-                                adapter=layer_kind.adapter, match=match, options={})
-    # Built now, as kernelize does: a build at the first call would be a graph break under torch.compile.
-    forward._fn = forward._build()
-    return forward
+    # The kernel's impl counted (``ref``), and no plugin named in an exception's note: the check reports it itself.
+    kernel = ProvidedKernel(replace(spec, impl=ref), PluginInfo(name="", module=""))
+    plan = ForwardPlan("", target, (PlannedKernel(kernel, kind, match, {}),))
+    return ReroutedForward(plan) if kind.kind.target == "global" else KernelForward(plan)
 
 
 def _traceback(exc: BaseException | None) -> str | None:
@@ -474,10 +467,6 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
          dtype_name: str, base: dict[str, str], *, compile_backend: str | None) -> CheckResult:
     import torch
 
-    from ._kinds._context import MatchContext
-    from ._refs import load_ref
-    from ._types import Match
-
     label = f"{case.variant}: {case.name}" + (f" [compiled, {compile_backend}]" if compile_backend else "")
     dtype = getattr(torch, dtype_name)
     bound = case.factor * tolerance(dtype)
@@ -490,83 +479,18 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
     training = Supports.BACKWARD in spec.supports
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        try:
-            root, target_name = case.build(torch.device(device_str), dtype)
-            target = root.get_submodule(target_name)
-        except Exception as exc:  # noqa: BLE001 - e.g. a dtype the device cannot hold
-            return result(SKIPPED, f"the case's module cannot be built here: {_message(exc)}")
-        root.train(training)
-        try:
-            verdict = load_ref(kind.kind.matcher)(target, target_name, MatchContext(root))
-        except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
-            return result(FAIL, f"the kind's matcher {kind.kind.matcher} (plugin {kind.plugin.name!r}) raised "
-                                f"{_message(exc)}", exc=exc)
-        if not isinstance(verdict, Match):
-            why = getattr(verdict, "reason", "it returned no match")
-            return result(FAIL, f"the kind's matcher does not accept the case's module: {why}")
-        if verdict.variant != case.variant:
-            return result(FAIL, f"the kind's matcher reports variant {verdict.variant!r}, the case {case.variant!r}")
-        try:
-            args, kwargs = case.inputs(target, torch.Generator().manual_seed(1))
-        except Exception as exc:  # noqa: BLE001
-            return result(FAIL, f"the case's inputs raised {_message(exc)}", exc=exc)
-        if case.edge_rows:
-            args = tuple(_with_edge_rows(value) for value in args)
-        leaves: list[tuple[str, Any]] = []
-        if training:
-            for index, value in enumerate(args):
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    leaves.append((f"grad of input {index}", value.requires_grad_()))
-            for key, value in kwargs.items():
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    leaves.append((f"grad of {key}", value.requires_grad_()))
-            leaves += [(f"grad of {name}", p) for name, p in target.named_parameters() if p.requires_grad]
-        grad_mode = torch.enable_grad if training else torch.no_grad
-
-        def run(fn: Callable[..., Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            with grad_mode():
-                outputs = tuple(case.outputs(fn(*args, **kwargs)))
-                if not training:
-                    return outputs, ()
-                upstream = [torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(o) for o in outputs]
-                grads = torch.autograd.grad(outputs, [leaf for _, leaf in leaves], upstream, allow_unused=True)
-            return outputs, tuple(grads)
-
+        prepared = _prepare(case, kind, torch.device(device_str), dtype, training, result)
+        if isinstance(prepared, CheckResult):
+            return prepared
+        target, verdict, run, leaves = prepared
         try:
             expected, expected_grads = run(target)
         except Exception as exc:  # noqa: BLE001 - the reference cannot run here (a dtype the device lacks)
             return result(SKIPPED, f"the module's own forward fails in {dtype_name} on {device_str}: {_message(exc)}")
-        calls = [0]
-
-        # The impl's own attributes stay visible, as they are to an adapter in kernelize.
-        @functools.wraps(impl)
-        def counted(*a: Any, **k: Any) -> Any:
-            calls[0] += 1
-            return impl(*a, **k)
-
-        ref = _register(counted)
-        try:
-            try:
-                forward = _kernel_forward(target, kind, spec, ref, verdict)
-            except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
-                return result(FAIL, f"the kind's adapter {kind.kind.adapter} (plugin {kind.plugin.name!r}) raised "
-                                    f"{_message(exc)}", exc=exc)
-            fn: Callable[..., Any] = forward
-            if compile_backend is not None:
-                torch._dynamo.reset()
-                fn = torch.compile(lambda *a, **k: forward(*a, **k), fullgraph=True, backend=compile_backend)
-            try:
-                actual, actual_grads = run(fn)
-            except Exception as exc:  # noqa: BLE001 - the kernel's failure is the result
-                if compile_backend is None:
-                    return result(FAIL, f"the kernel raised {_message(exc)}", exc=exc)
-                return result(FAIL, _compiled_failure(exc, lambda: run(forward)), exc=exc)
-        finally:
-            _unregister(ref)
-            if compile_backend is not None:
-                torch._dynamo.reset()
-    if not calls[0]:
-        return result(SKIPPED, "the kind's adapter did not call the kernel on this case")
+        ran = _run_kernel(target, kind, spec, impl, verdict, run, compile_backend, result)
+        if isinstance(ran, CheckResult):
+            return ran
+        actual, actual_grads = ran
     pairs = [(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected, strict=False))]
     if len(actual) != len(expected):
         return result(FAIL, f"{len(actual)} outputs, the module gives {len(expected)}")
@@ -577,3 +501,100 @@ def _run(case: ConformanceCase, kind: ProvidedKind, spec: Any, impl: Callable[..
     if error > bound:
         return result(FAIL, f"worst: {where}", error)
     return result(PASS, error=error)
+
+
+def _prepare(case: ConformanceCase, kind: ProvidedKind, device: Any, dtype: Any, training: bool,
+             result: Callable[..., CheckResult]) -> CheckResult | tuple[Any, Any, Callable[..., Any], list[Any]]:
+    """The case's module, built on ``device`` in ``dtype`` and accepted by the kind's matcher in the case's variant,
+    its verdict, a function running a forward (and, ``training``, a backward) on the case's inputs, and the tensors
+    whose gradients it returns; or why the row fails or is skipped."""
+    import torch
+
+    from ._kinds._context import MatchContext
+    from ._refs import load_ref
+    from ._types import Match
+
+    try:
+        root, target_name = case.build(device, dtype)
+        target = root.get_submodule(target_name)
+    except Exception as exc:  # noqa: BLE001 - e.g. a dtype the device cannot hold
+        return result(SKIPPED, f"the case's module cannot be built here: {_message(exc)}")
+    root.train(training)
+    try:
+        verdict = load_ref(kind.kind.matcher)(target, target_name, MatchContext(root))
+    except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
+        return result(FAIL, f"the kind's matcher {kind.kind.matcher} (plugin {kind.plugin.name!r}) raised "
+                            f"{_message(exc)}", exc=exc)
+    if not isinstance(verdict, Match):
+        why = getattr(verdict, "reason", "it returned no match")
+        return result(FAIL, f"the kind's matcher does not accept the case's module: {why}")
+    if verdict.variant != case.variant:
+        return result(FAIL, f"the kind's matcher reports variant {verdict.variant!r}, the case {case.variant!r}")
+    try:
+        args, kwargs = case.inputs(target, torch.Generator().manual_seed(1))
+    except Exception as exc:  # noqa: BLE001
+        return result(FAIL, f"the case's inputs raised {_message(exc)}", exc=exc)
+    if case.edge_rows:
+        args = tuple(_with_edge_rows(value) for value in args)
+    leaves: list[tuple[str, Any]] = []
+    if training:
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                leaves.append((f"grad of input {index}", value.requires_grad_()))
+        for key, value in kwargs.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                leaves.append((f"grad of {key}", value.requires_grad_()))
+        leaves += [(f"grad of {name}", p) for name, p in target.named_parameters() if p.requires_grad]
+    grad_mode = torch.enable_grad if training else torch.no_grad
+
+    def run(fn: Callable[..., Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        with grad_mode():
+            outputs = tuple(case.outputs(fn(*args, **kwargs)))
+            if not training:
+                return outputs, ()
+            upstream = [torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(o) for o in outputs]
+            grads = torch.autograd.grad(outputs, [leaf for _, leaf in leaves], upstream, allow_unused=True)
+        return outputs, tuple(grads)
+
+    return target, verdict, run, leaves
+
+
+def _run_kernel(target: Any, kind: ProvidedKind, spec: Any, impl: Callable[..., Any], verdict: Any,
+                run: Callable[..., Any], compile_backend: str | None, result: Callable[..., CheckResult]
+                ) -> CheckResult | tuple[Any, Any]:
+    """``run`` through the forward kernelize would bind to ``target`` (compiled with ``compile_backend``, if any): the
+    outputs and gradients; or why the row fails, or is skipped where the adapter never called the kernel."""
+    import torch
+
+    calls = [0]
+
+    # The impl's own attributes stay visible, as they are to an adapter in kernelize.
+    @functools.wraps(impl)
+    def counted(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return impl(*a, **k)
+
+    ref = _register(counted)
+    try:
+        try:
+            forward = _kernel_forward(target, kind, spec, ref, verdict)
+        except Exception as exc:  # noqa: BLE001 - the kind's plugin is at fault; the other rows still run
+            return result(FAIL, f"the kind's adapter {kind.kind.adapter} (plugin {kind.plugin.name!r}) raised "
+                                f"{_message(exc)}", exc=exc)
+        fn: Callable[..., Any] = forward
+        if compile_backend is not None:
+            torch._dynamo.reset()
+            fn = torch.compile(lambda *a, **k: forward(*a, **k), fullgraph=True, backend=compile_backend)
+        try:
+            outputs = run(fn)
+        except Exception as exc:  # noqa: BLE001 - the kernel's failure is the result
+            if compile_backend is None:
+                return result(FAIL, f"the kernel raised {_message(exc)}", exc=exc)
+            return result(FAIL, _compiled_failure(exc, lambda: run(forward)), exc=exc)
+    finally:
+        _unregister(ref)
+        if compile_backend is not None:
+            torch._dynamo.reset()
+    if not calls[0]:
+        return result(SKIPPED, "the kind's adapter did not call the kernel on this case")
+    return outputs

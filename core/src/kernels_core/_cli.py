@@ -16,8 +16,8 @@ from . import list_kernels
 from . import list_plugins
 from ._check import DEFAULT_COMPILE_BACKEND
 from ._hints import did_you_mean
-from ._manager import get_plugin_manager
-from ._plugin_info import KernelProblem
+from ._plugins._manager import get_plugin_manager
+from ._plugins._records import KernelProblem
 from ._report import format_table
 from ._types import Supports
 from ._types import device_name
@@ -131,8 +131,8 @@ def _kinds(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ._check import CheckError
     from ._check import check
+    from ._errors import CheckError
 
     try:
         report = check(args.plugins, kernels=args.kernel or (), compile=not args.no_compile,

@@ -6,7 +6,7 @@ by ``KERNELS_CORE_CONFIG`` (plus the ``KERNELS_CORE_DISABLE`` switch), then ``ke
 layer only overrides what it names; the merged configuration remembers which source gave each key, so that
 every message about a value names the file, environment variable or argument it came from.
 
-This module checks shapes and types only; :mod:`kernels_core._config_check` checks the names against what is
+This module checks shapes and types only; :mod:`kernels_core._config_names` checks the names against what is
 installed.
 """
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from ._errors import ConfigError
+
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +28,7 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 
-__all__ = ["ConfigError", "ConfigWarning", "KernelsConfig", "KindConfig", "env_flag", "load_config"]
+__all__ = ["KernelsConfig", "KindConfig", "env_flag", "load_config"]
 
 ENV_CONFIG = "KERNELS_CORE_CONFIG"
 ENV_DISABLE = "KERNELS_CORE_DISABLE"
@@ -40,18 +42,6 @@ _TOP_KEYS = frozenset({"disable", "strict", "plugins", "kernels", "kinds"})
 _PLUGIN_KEYS = frozenset({"allow", "block"})
 _KERNEL_KEYS = frozenset({"disable"})
 _KIND_KEYS = frozenset({"prefer", "disable", "strict", "enabled", "options"})
-
-
-class ConfigError(ValueError):
-    """A configuration value is malformed; the message names the source, the key and the allowed values."""
-
-
-class ConfigWarning(UserWarning):
-    """A configuration name matches nothing installed here (a typo, or a plugin this machine lacks).
-
-    The message names the source and the closest installed names. ``warnings.filterwarnings("error",
-    category=kernels_core.ConfigWarning)`` raises it instead; ``strict`` does not (it is about kernels, not names).
-    """
 
 
 def env_flag(name: str) -> bool | None:

@@ -1,5 +1,7 @@
-"""The forward objects kernelize binds: a module's forward replaced by a kernel, or its class forward re-created with
-some global functions pointing at kernels.
+"""The forward objects kernelize binds, each made whole from what planning decided for one module
+(:class:`ForwardPlan`, :func:`forward_for`): a module's forward replaced by a kernel, or its class forward re-created
+with some global functions pointing at kernels; and the instance attributes that bind each (:func:`bindings`: the
+module's forward, or where the kernel's plugin puts it).
 
 Both hold *references* (``module:attr`` strings) to a kernel's code rather than functions and build the callable
 they dispatch to from them, once. A copy or a load leaves it unbuilt: ``copy.deepcopy`` keeps the references, while
@@ -27,26 +29,37 @@ import sys
 import threading
 import types
 from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
-from ._binding import BINDING_ATTR
 from ._binding import MISSING  # noqa: F401 - kernels-core 0.1.0 defined it here, and its pickles name it so
 from ._binding import BindingRecord  # noqa: F401 - the same
-from ._plugin_info import PluginInfo
-from ._plugin_info import warn_fallback
+from ._binding import record_of
+from ._errors import KernelizeError
+from ._plugins._fallbacks import warn_fallback
+from ._plugins._records import PluginInfo
+from ._plugins._records import ProvidedKernel
+from ._plugins._records import ProvidedKind
 from ._refs import load_ref
+from ._types import Binding
 from ._types import Match
 from .persisted import Persisted
 
 
 __all__ = [
     "Declared",
+    "ForwardPlan",
     "GlobalOverride",
     "KernelForward",
+    "PlannedKernel",
     "ReroutedForward",
+    "bindings",
     "decorator_chain_problem",
+    "forward_for",
     "rewrap",
     "takes_base",
     "tensors_in",
@@ -170,7 +183,7 @@ def _kernels_of(value: object) -> list[tuple[str, str]]:
 
 def _bound_kernels(module: Any) -> list[tuple[str, str]]:
     """(kernel id, what to say about it) of each kernel kernelize bound to this one module."""
-    record = module.__dict__.get(BINDING_ATTR)
+    record = record_of(module)
     if record is None:
         return []
     found = [kernel for value in record.bound.values() for kernel in _kernels_of(value)]
@@ -328,7 +341,7 @@ def _built(forward: _LazyForward) -> Callable[..., Any] | None:
 def _installed(kernel_id: str, kind: str) -> tuple[str, str] | str:
     """(impl, adapter) of kernel ``kernel_id`` of layer kind ``kind`` among the plugins installed in this process,
     or why it is not there: how a loaded forward finds its kernels (see :mod:`kernels_core.persisted`)."""
-    from ._manager import get_plugin_manager
+    from ._plugins._manager import get_plugin_manager
 
     pm = get_plugin_manager()
     spec = next((p.spec for p in pm.kernels() if p.spec.id == kernel_id), None)
@@ -360,6 +373,101 @@ class Declared(Persisted):
     preferred: bool = False
 
 
+@dataclass(frozen=True)
+class PlannedKernel:
+    """One kernel planned for a module: the kernel and its layer kind as installed, the matcher's verdict, the
+    kind's options, and whether configuration prefers the kernel (``preferred``)."""
+
+    kernel: ProvidedKernel
+    kind: ProvidedKind
+    match: Match
+    options: Mapping[str, object]
+    preferred: bool = False
+
+    def declared(self, device_type: str | None) -> Declared:
+        """What this kernel serves, for a forward whose parameters are on ``device_type`` now (None: any device)."""
+        spec, plugin = self.kernel.spec, self.kernel.plugin
+        return Declared(kernel_id=spec.id, plugin=plugin.name, origin=plugin.origin, dtypes=spec.dtypes,
+                        backend=spec.backend, device_type=None if spec.portable else device_type,
+                        preferred=self.preferred)
+
+    def describe(self) -> str:
+        """The kernel and its kind, with the plugins, adapter and impl: for an error that involves both."""
+        spec, plugin, kind = self.kernel.spec, self.kernel.plugin, self.kind
+        return (f"kernel {spec.id!r} of plugin {plugin.name!r} (distribution {plugin.distribution or 'unknown'}), "
+                f"kind {kind.kind.name!r} (adapter {kind.kind.adapter} of plugin {kind.plugin.name!r}, impl "
+                f"{spec.impl})")
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """What planning decided for one module, complete: its kernels (one of a ``target="forward"`` kind, or those
+    of ``target="global"`` kinds its class forward is re-created with), the guards its forward needs (``guards``:
+    what each kernel serves; ``probe``: the module and name of the parameter each call checks, or None), and, for a
+    forward kernel, the callable its kind's adapter built while planning (``built``; None: the forward builds it).
+    """
+
+    name: str
+    module: Any
+    kernels: tuple[PlannedKernel, ...]
+    guards: tuple[Declared, ...] = ()
+    probe: tuple[Any, str] | None = None
+    built: Callable[..., Any] | None = None
+
+    @property
+    def target(self) -> str:
+        return self.kernels[0].kind.kind.target
+
+    @property
+    def bound(self) -> tuple[tuple[str, str], ...]:
+        """The (kind, kernel id) pairs the module's binding record names."""
+        return tuple((p.kind.kind.name, p.kernel.spec.id) for p in self.kernels)
+
+
+def forward_for(plan: ForwardPlan) -> KernelForward | ReroutedForward:
+    """The finished forward of a planned module; one that cannot be built raises :class:`KernelizeError` naming every
+    kernel involved."""
+    try:
+        return KernelForward(plan) if plan.target == "forward" else ReroutedForward(plan)
+    except Exception as exc:
+        kernels = "; ".join(p.describe() for p in plan.kernels)
+        ids = ", ".join(f'"{p.kernel.spec.id}"' for p in plan.kernels)
+        raise KernelizeError(
+            f"binding to module {plan.name or '(model)'!r} ({type(plan.module).__qualname__}) failed while building "
+            f"its forward: {kernels}: {type(exc).__name__}: {exc}. The model is unchanged; to kernelize without it, "
+            f"set kernels.disable = [{ids}]") from exc
+
+
+def bindings(plans: Iterable[ForwardPlan], bind_hook_of: Callable[[str], Callable[..., object] | None]
+             ) -> Iterator[tuple[Any, dict[str, object], tuple[tuple[str, str], ...]]]:
+    """Each planned module's finished forward, and the attributes that bind it, made one at a time (a binding
+    transaction reads them after undoing every earlier binding, :func:`kernels_core._binding.rebind`): by default the
+    module's forward, or what the kernel's plugin decides (its ``kernels_core_bind_kernel``, from ``bind_hook_of``:
+    a :class:`~kernels_core.Binding` that changes no parameter, buffer or sub-module; None keeps the default)."""
+    import torch
+
+    for plan in plans:
+        forward = forward_for(plan)
+        (planned, *_others) = plan.kernels
+        spec, plugin = planned.kernel.spec, planned.kernel.plugin
+        hook = bind_hook_of(plugin.name) if plan.target == "forward" else None
+        try:
+            binding = None if hook is None else hook(module=plan.module, match=planned.match, kernel=spec,
+                                                     forward=forward)
+        except Exception as exc:
+            raise KernelizeError(f"plugin {plugin.name!r} ({plugin.origin}) failed to bind kernel {spec.id} to "
+                                 f"{plan.name}: {type(exc).__name__}: {exc}") from exc
+        if binding is not None and not isinstance(binding, Binding):
+            raise KernelizeError(f"plugin {plugin.name!r} returned {type(binding).__name__} from kernels_core_bind_"
+                                 f"kernel for {spec.id} on {plan.name}; expected kernels_core.Binding or None")
+        attributes = {"forward": forward} if binding is None else dict(binding.attributes)
+        for attr, value in attributes.items():
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                raise KernelizeError(f"plugin {plugin.name!r} tried to bind a module/tensor to {plan.name}.{attr}; "
+                                     "bindings must not change parameters, buffers or sub-modules")
+        yield plan.module, attributes, plan.bound
+
+
 def _fallback_message(forward: _LazyForward, declared: Declared, cause: str) -> str:
     plugin = f" of plugin {declared.plugin!r} ({declared.origin})" if declared.plugin else ""
     return (f"kernel {declared.kernel_id!r}{plugin} does not run on {forward._where()} (nor on other modules like "
@@ -388,43 +496,29 @@ class _LazyForward(Persisted):
     _fn: Callable[..., Any] | None
     _unresolved: str | None
 
-    def _start(self, module: Any, module_name: str) -> None:
-        self.module, self.module_name = module, module_name
-        self.declared, self._probe_params, self._probe_name = (), None, ""
+    def _start(self, plan: ForwardPlan) -> None:
+        """Everything a call needs, from the plan: what each call checks (see the module docstring; without a probe
+        parameter, nothing), and the callable, built by the kind's adapter while planning or else now."""
+        self.module, self.module_name, self.declared = plan.module, plan.name, plan.guards
+        probe = plan.probe
+        self._probe_params, self._probe_name = (probe[0]._parameters, probe[1]) if probe is not None else (None, "")
+        # kernelize checked the kernels' outputs, dtype included, against the module's own forward on parameters
+        # of the dtype they have now; any other declared dtype is checked at its first call.
+        now = getattr(self._probe_params.get(self._probe_name), "dtype", None) if probe is not None else None
+        self._output_dtypes_checked({now} if now is not None else set(), {})
         self._fn, self._unresolved = None, None
         self._derive()
+        # Built now, not at the first call: a failure belongs to kernelize, and a first call may be traced by
+        # torch.compile, which cannot trace the build.
+        self._fn = plan.built if plan.built is not None else self._build()
 
     def _output_dtypes_checked(self, checked: set[Any], wrong: dict[Any, str]) -> None:
         """Which parameter dtypes the kernels' output dtypes are known right for (``checked``), and where they are
         known wrong, why (``wrong``): see ``_first_call_in``."""
         self._checked, self._wrong_dtype = checked, wrong
 
-    def guard(self, declared: tuple[Declared, ...], probe: tuple[Any, str] | None = None) -> None:
-        """Check the kernels' ``declared`` dtypes and device type against the probe parameter (owner module, name)
-        at every call (see the module docstring); without a probe, nothing is checked.
-
-        Example:
-            >>> import torch
-            >>> norm = torch.nn.LayerNorm(4)
-            >>> forward = KernelForward(norm, kernel_id="k", kind="layer_norm", impl="x:y", adapter="x:y",
-            ...                         match=Match("layer_norm", "bias"), options={})
-            >>> forward.guard((Declared("k", "p", "", ("float32",), "any"),), probe=(norm, "weight"))
-            >>> forward.runtime_problems()
-            []
-            >>> _ = norm.double()
-            >>> [cause for _, cause in forward.runtime_problems()]
-            ["the module's parameters are float64 now, and k declares float32"]
-        """
-        self.declared = tuple(declared)
-        self._probe_params, self._probe_name = (probe[0]._parameters, probe[1]) if probe is not None else (None, "")
-        # kernelize checked the kernels' outputs, dtype included, against the module's own forward on parameters
-        # of the dtype they have now; any other declared dtype is checked at its first call.
-        now = getattr(probe[0]._parameters.get(probe[1]), "dtype", None) if probe is not None else None
-        self._output_dtypes_checked({now} if now is not None else set(), {})
-        self._derive()
-
     def _derive(self) -> None:
-        """What each call checks, from ``declared`` and the probe parameter: after ``guard``, a copy or a load."""
+        """What each call checks, from ``declared`` and the probe parameter: when made, after a copy or a load."""
         import torch
 
         declared = self.declared
@@ -495,8 +589,6 @@ class _LazyForward(Persisted):
         problems = self.runtime_problems()
         for declared, cause in problems:
             if declared.preferred:
-                from ._resolve import KernelizeError
-
                 raise KernelizeError(
                     f"kernel {declared.kernel_id!r}, preferred by configuration, cannot run on {self._where()}: "
                     f"{cause}. Kernelize the model again as it is now (the preference then raises there, or picks "
@@ -624,33 +716,16 @@ class _LazyForward(Persisted):
 class KernelForward(_LazyForward):
     """A module's forward replaced by a kernel through its layer kind's adapter.
 
-    Example:
-        ``module.forward(x)`` calls ``adapter(module, match, impl, options)(x)``, the adapter being built once.
+    ``module.forward(x)`` calls ``adapter(module, match, impl, options)(x)``, the adapter being built once.
     """
 
-    def __init__(
-        self,
-        module: Any,
-        *,
-        kernel_id: str,
-        kind: str,
-        impl: str,
-        adapter: str,
-        match: Match,
-        options: dict[str, object],
-        plugin: str = "",
-        origin: str = "",
-        module_name: str = "",
-    ) -> None:
-        self.kernel_id = kernel_id
-        self.kind = kind
-        self.impl = impl
-        self.adapter = adapter
-        self.match = match
-        self.options = dict(options)
-        self.plugin = plugin
-        self.origin = origin
-        self._start(module, module_name)
+    def __init__(self, plan: ForwardPlan) -> None:
+        (planned,) = plan.kernels
+        spec, plugin, kind = planned.kernel.spec, planned.kernel.plugin, planned.kind.kind
+        self.kernel_id, self.kind, self.impl, self.adapter = spec.id, kind.name, spec.impl, kind.adapter
+        self.match, self.options = planned.match, dict(planned.options)
+        self.plugin, self.origin = plugin.name, plugin.origin
+        self._start(plan)
 
     def _build(self) -> Callable[..., Any]:
         return load_ref(self.adapter)(self.module, self.match, load_ref(self.impl), self.options)
@@ -695,6 +770,13 @@ class GlobalOverride(Persisted):
     impl: str = ""
     adapter: str = ""
 
+    @classmethod
+    def of(cls, planned: PlannedKernel) -> GlobalOverride:
+        spec, plugin, kind = planned.kernel.spec, planned.kernel.plugin, planned.kind.kind
+        return cls(kernel_id=spec.id, kind=kind.name, global_name=str(planned.match.params["global_name"]),
+                   match=planned.match, options=dict(planned.options), plugin=plugin.name, origin=plugin.origin,
+                   impl=spec.impl, adapter=kind.adapter)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> GlobalOverride:
         return self  # immutable, and a copy keeps the code references a load would look up again
 
@@ -712,9 +794,9 @@ class ReroutedForward(_LazyForward):
     made from which arguments are None.
     """
 
-    def __init__(self, module: Any, *, overrides: tuple[GlobalOverride, ...], module_name: str = "") -> None:
-        self.overrides = tuple(overrides)
-        self._start(module, module_name)
+    def __init__(self, plan: ForwardPlan) -> None:
+        self.overrides = tuple(GlobalOverride.of(planned) for planned in plan.kernels)
+        self._start(plan)
 
     def _failure_note(self, exc: BaseException) -> str:
         # The class forward runs here too: the exception may come from a kernel or from the model's own code.

@@ -1,17 +1,27 @@
-"""What kernelize did, module by module: printable as a table and as JSON."""
+"""What kernelize did, module by module, printable as a table and as JSON; and that report as the model is now
+(:func:`as_now`): a kernel that no longer runs where kernelize bound it shows as fallen back."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import asdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
+from ._binding import record_of
+from ._binding import stored_report
+from ._forward import KernelForward
+from ._forward import ReroutedForward
 from .persisted import Persisted
 
 
-__all__ = ["KernelizeReport", "ReportEntry", "format_table"]
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["KernelizeReport", "ReportEntry", "as_now", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -170,3 +180,73 @@ def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
         return "  ".join(str(v).ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
 
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *(line(r) for r in rows)])
+
+
+def as_now(model: nn.Module) -> KernelizeReport | None:
+    """The report of the last kernelize call on ``model`` with every kernel that does not run now where it was bound
+    shown as fallen back (see :func:`kernels_core.get_report`); None if it was never kernelized or was restored."""
+    report = stored_report(model)
+    if report is None or report.disabled:
+        return report
+    seen: dict[str, tuple[str | None, set[str], dict[str, str]]] = {}
+    entries = []
+    for entry in report.entries:
+        if entry.applied:
+            why = _not_running(model, entry.module, entry.kernel, seen)
+            if why:
+                entry = dataclasses.replace(entry, kernel=None, fell_back=entry.kernel,
+                                            reason=f"{entry.kernel} does not run now: {why}")
+        elif entry.covered:
+            why = _not_running(model, entry.covered_on, entry.covered_by, seen)
+            if why:
+                # Worded like a covered row's table text, so the table collapses numbered layers alike.
+                entry = dataclasses.replace(entry, fell_back=entry.covered_by,
+                                            reason=f"covered by {entry.covered_by} on {entry.covered_on or '(model)'}"
+                                                   f", which does not run now: {why}")
+        entries.append(entry)
+    if all(new is old for new, old in zip(entries, report.entries, strict=True)):
+        return report
+    return dataclasses.replace(report, entries=tuple(entries))
+
+
+def _not_running(model: nn.Module, name: str, kernel_id: str,
+                 seen: dict[str, tuple[str | None, set[str], dict[str, str]]]) -> str | None:
+    """Why kernel ``kernel_id`` bound to module ``name`` does not run now, or None if it does."""
+    if name not in seen:
+        seen[name] = _binding_state(model, name)
+    gone, bound, problems = seen[name]
+    if gone:
+        return gone
+    if kernel_id not in bound:
+        return "its binding was replaced since kernelize"
+    return problems.get(kernel_id)
+
+
+def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], dict[str, str]]:
+    """For module ``name``: why none of its kernels runs (or None), the kernels bound to it, why each does not run."""
+    from torch import nn
+
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        return "the module is no longer in the model", set(), {}
+    # torch.compile(module) put in its place (each decoder layer compiled, as FSDP2 recipes do) calls the module it
+    # wraps, ``_orig_mod``, whose binding then runs.
+    while record_of(module) is None and isinstance(module._modules.get("_orig_mod"), nn.Module):
+        module = module._modules["_orig_mod"]
+    record = record_of(module)
+    if record is None:
+        return ("its binding was removed since kernelize (unkernelize of a part of the model, or a copy of that "
+                "part)"), set(), {}
+    forwards = [v for v in record.bound.values() if isinstance(v, (KernelForward, ReroutedForward))]
+    # A plugin's own binding holds other objects: its kernels run as bound.
+    failing = forwards[0].runtime_problems() if len(forwards) == 1 else []
+    then = ("each call raises KernelizeError, since configuration prefers it" if any(d.preferred for d, _ in failing)
+            else "the module's own forward runs instead")
+    problems = {declared.kernel_id: f"{cause}; {then}" for declared, cause in failing}
+    bound = {kernel_id for _, kernel_id in record.kernels}
+    for kernel_id in bound - set(problems):
+        if failing:
+            # One rerouted forward: where one of its kernels cannot run, the class forward runs without any.
+            problems[kernel_id] = f"another kernel of the same forward cannot run ({failing[0][1]}); {then}"
+    return None, bound, problems

@@ -1,5 +1,10 @@
-"""Choosing a kernel for one matched module, or saying exactly why none fits; and whether a kernel can run on this
-machine at all (:func:`runnable_here`, for listings and checks).
+"""Where a matched module runs (its :class:`Target`: device, backend, dtype), choosing a kernel for it there or
+saying exactly why none fits, and the kernels each module was given (:class:`Assignments`), from which every
+module's :class:`~kernels_core._forward.ForwardPlan` is made.
+
+A module's target is read from its parameters: their device and dtype, those of its ``lm_head`` for a model with one
+(the loss kernel runs where ``lm_head`` lives, which under ``device_map`` can differ from the embeddings), unless
+kernelize was told the device the model will run on (:func:`requested_target`).
 
 Priority is data: qualifying kernels sort by (priority high first, plugin name, kernel id), so the outcome never
 depends on the order plugins were registered in. Configured preferences come first and raise when they
@@ -8,16 +13,24 @@ cannot be honoured; automatic choices fall back to the next candidate and record
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from importlib import metadata as importlib_metadata
+from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
 
 from ._config import KernelsConfig
-from ._plugin_info import ProvidedKernel
+from ._errors import KernelizeError
+from ._forward import ForwardPlan
+from ._forward import PlannedKernel
+from ._forward import takes_base
+from ._plugins._diagnostics import requirement_problem
+from ._plugins._fallbacks import note_fallback
+from ._plugins._records import ProvidedKernel
+from ._plugins._records import ProvidedKind
 from ._refs import load_ref
 from ._types import BackendInfo
 from ._types import DeviceInfo
@@ -28,15 +41,21 @@ from ._types import device_name
 
 
 if TYPE_CHECKING:
-    from ._manager import KernelsPluginManager
+    import torch
+    from torch import nn
 
-__all__ = ["Choice", "KernelizeError", "Resolver", "Target", "runnable_here"]
+__all__ = [
+    "Assignments",
+    "Choice",
+    "Resolver",
+    "Target",
+    "find_backend",
+    "module_target",
+    "probe_parameter",
+    "requested_target",
+]
 
 logger = logging.getLogger("kernels_core")  # the package's one logger
-
-
-class KernelizeError(RuntimeError):
-    """kernelize could not honour an explicit request; the model was left exactly as it was."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,88 @@ class Target:
     backend: str | None
     device_info: DeviceInfo | None
     dtype: str | None
+
+
+def find_backend(device: torch.device, backends: list[tuple[BackendInfo, Any]]
+                 ) -> tuple[BackendInfo | None, DeviceInfo | None]:
+    """The detected backend driving ``device`` and that device's properties, or (None, None)."""
+    for backend, _plugin in backends:
+        if backend.device_type == device.type:
+            # A device type without an index ("cuda") means its backend's first device.
+            info = next((d for d in backend.devices if device.index is None or d.index == device.index), None)
+            if info is not None:
+                return backend, info
+    return None, None
+
+
+def requested_target(device: str | torch.device, backends: list[tuple[BackendInfo, Any]]) -> Target:
+    """The target of every module when kernelize is told the device (``"cuda:1"``, ``"npu"``, ``"rocm"``), each
+    module's dtype left to :func:`module_target`; raises :class:`KernelizeError` where no plugin detected it."""
+    import torch
+
+    detected = sorted({f"{b.backend} ({', '.join(device_name(b.device_type, d.index) for d in b.devices)})"
+                       for b, _ in backends if b.devices})
+    absent = sorted({f"{b.backend}: {b.reason}" for b, _ in backends if not b.devices and b.reason})
+    # Devices are named as a tensor on them prints its device ("cpu", "cuda:0", "npu:1"), whether the request
+    # named a backend ("rocm"), a device type ("cuda") or a device ("cuda:1").
+    if isinstance(device, str) and ":" not in device:
+        for backend, _plugin in backends:
+            if backend.backend == device and backend.devices:
+                info = backend.devices[0]
+                return Target(device_name(backend.device_type, info.index), backend.backend, info, None)
+    try:
+        torch_device = torch.device(device)
+    except (RuntimeError, TypeError):
+        torch_device = None
+    if torch_device is not None:
+        backend, info = find_backend(torch_device, backends)
+        if backend is not None:
+            index = info.index if info is not None else (torch_device.index or 0)
+            return Target(device_name(torch_device.type, index), backend.backend, info, None)
+    why = f"; not available: {'; '.join(absent)}" if absent else ""
+    raise KernelizeError(f"device {device!r} was requested, but no installed plugin detected it. "
+                         f"Detected: {detected or 'nothing'}{why}")
+
+
+def _anchor(module: nn.Module) -> nn.Module:
+    """The module whose parameters say where ``module`` runs: its ``lm_head`` where it has one, else itself."""
+    from torch import nn
+
+    head = module._modules.get("lm_head")
+    return head if isinstance(head, nn.Module) else module
+
+
+def _device(anchor: nn.Module) -> torch.device | None:
+    """The device of the module's first parameter (or, without any, of its first buffer)."""
+    tensors = itertools.chain(anchor.parameters(), anchor.buffers())
+    return next((tensor.device for tensor in tensors), None)
+
+
+def probe_parameter(module: nn.Module) -> tuple[nn.Module, str, torch.Tensor] | None:
+    """The parameter whose dtype says what ``module`` computes in (its module, name and value): the first
+    floating-point one of the module, or of its ``lm_head``. Each call of its kernelized forward checks it."""
+    anchor = _anchor(module)
+    for name, tensor in anchor.named_parameters():
+        if tensor.is_floating_point():
+            owner, _, leaf = name.rpartition(".")
+            return anchor.get_submodule(owner), leaf, tensor
+    return None
+
+
+def module_target(module: nn.Module, requested: Target | None, backends: list[tuple[BackendInfo, Any]]) -> Target:
+    """Where ``module`` runs: ``requested`` (kernelize was told the device) or its parameters' device, with the
+    backend driving it; and its parameters' dtype (:func:`probe_parameter`)."""
+    probe = probe_parameter(module)
+    dtype = None if probe is None else str(probe[2].dtype).removeprefix("torch.")
+    if requested is not None:
+        return dataclasses.replace(requested, dtype=dtype)
+    device = _device(_anchor(module))
+    if device is None:
+        return Target(device=None, backend=None, device_info=None, dtype=dtype)
+    backend, info = find_backend(device, backends)
+    # A parameter's device is already named as tensors print it.
+    return Target(device=str(device), backend=backend.backend if backend else device.type, device_info=info,
+                  dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -67,34 +168,20 @@ class Choice:
     left_to_compiler: str | None = None
 
 
-@cache
-def _requirement_problem(requirement: str) -> str | None:
-    from packaging.requirements import Requirement
-
-    req = Requirement(requirement)
-    if req.marker is not None and not req.marker.evaluate():
-        return None
-    try:
-        installed = importlib_metadata.version(req.name)
-    except importlib_metadata.PackageNotFoundError:
-        return f"requirement missing: {req.name} is not installed (needs {requirement})"
-    if req.specifier and not req.specifier.contains(installed, prereleases=True):
-        return f"requirement missing: {req.name} {installed} installed, needs {requirement}"
-    return None
-
-
 class Resolver:
-    """Kernel choice for one kernelize call (one mode, one configuration, one plugin manager)."""
+    """Kernel choice for one kernelize call: one mode, one configuration, the installed ``kernels`` and ``kinds``."""
 
-    def __init__(self, pm: KernelsPluginManager, config: KernelsConfig, mode: Mode) -> None:
-        self.pm = pm
+    def __init__(self, kernels: list[ProvidedKernel], kinds: dict[str, ProvidedKind], config: KernelsConfig,
+                 mode: Mode) -> None:
         self.config = config
         self.mode = mode
         self._by_kind: dict[str, list[ProvidedKernel]] = {}
-        for provided in pm.kernels():
+        for provided in kernels:
             self._by_kind.setdefault(provided.spec.kind, []).append(provided)
         self._load_errors: dict[str, str] = {}
-        self._opt_in = frozenset(name for name, provided in pm.layer_kinds().items() if provided.kind.opt_in)
+        self._opt_in = frozenset(name for name, provided in kinds.items() if provided.kind.opt_in)
+        # Kernels this mode leaves to torch.compile where they would be chosen (KernelSpec.native_when_compiled).
+        self._compiled = frozenset(p.spec.id for p in kernels if p.spec.left_to_compiler(mode))
 
     def kernels_for(self, kind: str) -> list[ProvidedKernel]:
         return self._by_kind.get(kind, [])
@@ -142,7 +229,7 @@ class Resolver:
             arch = info.arch if info else None
             return f"architecture unsupported: device is {arch}, kernel needs {list(spec.archs)}"
         for requirement in spec.requires:
-            missing = _requirement_problem(requirement)
+            missing = requirement_problem(requirement)
             if missing:
                 return missing
         return None
@@ -160,7 +247,7 @@ class Resolver:
             except Exception as exc:  # noqa: BLE001 - a kernel that cannot load falls back
                 self._load_errors[spec.id] = f"failed to load {spec.impl}: {type(exc).__name__}: {exc}"
             if self._load_errors[spec.id]:
-                self.pm.note_fallback(provided, self._load_errors[spec.id])
+                note_fallback(provided, self._load_errors[spec.id])
         return self._load_errors[spec.id] or None
 
     def choose(self, match: Match, target: Target, *,
@@ -181,7 +268,7 @@ class Resolver:
         problems: list[str] = []
         for provided in candidates:
             problem = self.problem(provided, match, target)
-            if problem is None and provided.spec.left_to_compiler(self.mode):
+            if problem is None and provided.spec.id in self._compiled:
                 kernel_id = provided.spec.id
                 return Choice(None, reason=f"left to torch.compile: {kernel_id}, the best kernel here, runs plain "
                                            f"PyTorch ops when traced in {self.mode.name}, so Inductor compiles the "
@@ -236,38 +323,67 @@ class Resolver:
         )
 
 
-def runnable_here(spec: Any, backends: list[tuple[BackendInfo, Any]]
-                  ) -> tuple[str | None, DeviceInfo | None, str]:
-    """(device name, its info, why there is none) for a kernel: the device it can run on here, the first detected
-    one of its backend (the host CPU for portable kernels), or why it cannot run on this machine: no device of its
-    backend, a capability or architecture it does not support, a requirement missing.
+class Assignments:
+    """The kernels given to each module so far, and each module's complete plan at the end (:meth:`plans`).
 
-    ``kernels-core kernels`` and ``kernels-core check`` both decide with it. Imports no kernel code.
-
-    Example:
-        >>> from kernels_core import KernelSpec
-        >>> from kernels_core.testing import fresh_plugin_manager
-        >>> spec = KernelSpec(id="acme.rms_norm.k", kind="rms_norm", variants=("standard",), backend="acme",
-        ...                   impl="kernels_acme.ops:rms_norm")
-        >>> runnable_here(spec, fresh_plugin_manager().backends())
-        (None, None, 'no acme device detected')
+    One forward per module: a kernel of a forward kind and kernels of global kinds (rerouting globals of its class
+    forward) cannot share it, nor can two global kernels reroute one global unless the later one's kind builds on
+    the earlier (its adapter takes ``base``).
     """
-    backend = "cpu" if spec.portable else spec.backend
-    detected = [b for b, _ in backends if b.backend == backend]
-    with_devices = [b for b in detected if b.devices]
-    if not with_devices:
-        reasons = "; ".join(b.reason for b in detected if b.reason)
-        return None, None, f"no {backend} device detected" + (f" ({reasons})" if reasons else "")
-    info = with_devices[0]
-    device = info.devices[0]
-    name = device_name(info.device_type, device.index)
-    if spec.capability is not None and not spec.portable:
-        if device.capability is None or not spec.capability.contains(device.capability):
-            return None, None, f"{name} has capability {device.capability}, the kernel needs {spec.capability}"
-    if spec.archs and not spec.portable and device.arch not in spec.archs:
-        return None, None, f"{name} is {device.arch}, the kernel needs one of {list(spec.archs)}"
-    for requirement in spec.requires:
-        problem = _requirement_problem(requirement)
-        if problem:
-            return None, None, problem
-    return name, device, ""
+
+    def __init__(self) -> None:
+        self._drafts: dict[int, _Draft] = {}
+
+    def add(self, name: str, module: nn.Module, planned: PlannedKernel, built: Any) -> str | None:
+        """Assign ``planned`` (with what its kind's adapter built) to ``module``; or, where the module's forward is
+        taken, the kernel that took it."""
+        return self._drafts.setdefault(id(module), _Draft(name, module)).add(planned, built)
+
+    def plans(self, *, device_checked: bool) -> tuple[ForwardPlan, ...]:
+        """Every module's complete plan (see :meth:`_Draft.finished`)."""
+        return tuple(draft.finished(device_checked=device_checked) for draft in self._drafts.values())
+
+
+@dataclass
+class _Draft:
+    """One module's kernels while planning goes on: one of a forward kind (with what its adapter built), or those
+    of global kinds."""
+
+    name: str
+    module: nn.Module
+    forward: PlannedKernel | None = None
+    built: Any = None
+    globals: list[PlannedKernel] = field(default_factory=list)
+
+    def add(self, planned: PlannedKernel, built: Any) -> str | None:
+        """Add ``planned``; or, where the module's forward is taken, the kernel that took it."""
+        if self.forward is not None:
+            return self.forward.kernel.spec.id
+        if planned.kind.kind.target == "forward":
+            if self.globals:
+                return self.globals[0].kernel.spec.id
+            self.forward, self.built = planned, built
+            return None
+        clash = _global_clash(self.globals, planned)
+        if clash is None:
+            self.globals.append(planned)
+        return clash
+
+    def finished(self, *, device_checked: bool) -> ForwardPlan:
+        """The module's complete plan. Each call of its forward checks the probe parameter's dtype, and its device
+        type where each module's own device decided the kernels: kernelize told the device the model will run on
+        binds kernels for that device before the model is there. Without a floating-point parameter, nothing."""
+        kernels = (self.forward,) if self.forward is not None else tuple(self.globals)
+        probe = probe_parameter(self.module)
+        device_type = probe[2].device.type if probe is not None and device_checked else None
+        return ForwardPlan(self.name, self.module, kernels, guards=tuple(p.declared(device_type) for p in kernels),
+                           probe=probe[:2] if probe is not None else None, built=self.built)
+
+
+def _global_clash(planned: list[PlannedKernel], new: PlannedKernel) -> str | None:
+    """The kernel already rerouting the same global in this module's forward that ``new``'s kind cannot build on."""
+    if takes_base(load_ref(new.kind.kind.adapter)):
+        return None
+    name = new.match.params.get("global_name")
+    return next((p.kernel.spec.id for p in planned if p.match.params.get("global_name") == name
+                 and not takes_base(load_ref(p.kind.kind.adapter))), None)

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Protocol
 
-from ._hookspec import API_ATTRIBUTE
-from ._hookspec import PLUGIN_API_VERSION
-from ._hookspec import Hooks
-from ._hookspec import hookimpl
+from ._plugins._hookspec import API_ATTRIBUTE
+from ._plugins._hookspec import PLUGIN_API_VERSION
+from ._plugins._hookspec import Hooks
+from ._plugins._hookspec import hookimpl
 from ._tolerance import TOLERANCES
 from ._tolerance import Tolerance
 from ._tolerance import kernel_tolerance

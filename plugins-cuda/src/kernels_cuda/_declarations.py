@@ -14,10 +14,10 @@ materialises the logits). Measured against the alternatives: see ``kernels_cuda.
 
 from __future__ import annotations
 
-from kernels_core import CapabilityRange
-from kernels_core import KernelSpec
-from kernels_core import Mode
-from kernels_core import Supports
+from kernels_core.plugin import CapabilityRange
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import Mode
+from kernels_core.plugin import Supports
 from kernels_triton import liger_kernel_specs
 from kernels_triton import native_kernel_specs
 from kernels_triton import triton_kernel_specs

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from kernels_core import BackendInfo
-from kernels_core import DeviceInfo
+from kernels_core.plugin import BackendInfo
+from kernels_core.plugin import DeviceInfo
 
 
 __all__ = ["BACKEND", "PRIORITY", "detect_cuda"]

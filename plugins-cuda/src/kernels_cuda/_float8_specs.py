@@ -22,9 +22,9 @@ Importing this module imports neither torch nor torchao.
 
 from __future__ import annotations
 
-from kernels_core import CapabilityRange
-from kernels_core import KernelSpec
-from kernels_core import Supports
+from kernels_core.plugin import CapabilityRange
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import Supports
 
 
 __all__ = ["FLOAT8_CAPABILITY", "FLOAT8_REQUIREMENT", "RECIPES", "float8_kernel_specs"]

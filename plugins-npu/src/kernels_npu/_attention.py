@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from kernels_core import Decline
-from kernels_core import Match
+from kernels_core.plugin import Decline
+from kernels_core.plugin import Match
 from kernels_core.plugin import MatchContext
 
 

@@ -1,7 +1,7 @@
 """Ascend NPU detection: which NPUs this process can drive, without ever raising.
 
 "No NPU" has many causes (no torch_npu, torch_npu failing to import, no device, a driver error while counting);
-all of them produce a :class:`~kernels_core.BackendInfo` with no devices and a DEBUG log line saying why, so the
+all of them produce a :class:`~kernels_core.plugin.BackendInfo` with no devices and a DEBUG log line saying why, so the
 core can report the NPU kernels as unavailable with a reason instead of failing discovery.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kernels_core import BackendInfo
-from kernels_core import DeviceInfo
+from kernels_core.plugin import BackendInfo
+from kernels_core.plugin import DeviceInfo
 
 from ._torch_npu import load_torch_npu
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kernels_core import BackendInfo
-from kernels_core import KernelSpec
-from kernels_core import LayerKind
-from kernels_core import hookimpl
+from kernels_core.plugin import BackendInfo
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import LayerKind
+from kernels_core.plugin import hookimpl
 
 
 __all__ = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels_core import KernelSpec
-from kernels_core import LayerKind
-from kernels_core import Supports
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import LayerKind
+from kernels_core.plugin import Supports
 
 from ._detect import BACKEND
 from ._detect import PRIORITY

@@ -36,7 +36,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from kernels_core import KernelSpec
+from kernels_core.plugin import KernelSpec
 from kernels_triton import LIGER_ADAPTERS
 from kernels_triton import TRITON_ADAPTERS
 from kernels_triton import liger_kernel_specs

@@ -11,8 +11,8 @@ import logging
 import re
 from types import ModuleType
 
-from kernels_core import BackendInfo
-from kernels_core import DeviceInfo
+from kernels_core.plugin import BackendInfo
+from kernels_core.plugin import DeviceInfo
 
 
 __all__ = ["BACKEND", "DEVICE_TYPE", "PRIORITY", "detect_rocm", "gfx_arch"]

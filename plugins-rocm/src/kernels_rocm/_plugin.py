@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kernels_core import BackendInfo
-from kernels_core import KernelSpec
-from kernels_core import hookimpl
+from kernels_core.plugin import BackendInfo
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import hookimpl
 
 from ._declarations import rocm_kernel_specs
 from ._detect import detect_rocm

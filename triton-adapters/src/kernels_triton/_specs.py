@@ -14,10 +14,10 @@ from collections.abc import Collection
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kernels_core import CapabilityRange
-from kernels_core import KernelSpec
-from kernels_core import Mode
-from kernels_core import Supports
+from kernels_core.plugin import CapabilityRange
+from kernels_core.plugin import KernelSpec
+from kernels_core.plugin import Mode
+from kernels_core.plugin import Supports
 
 
 __all__ = ["LIGER_REQUIREMENT", "AdapterEntry", "LIGER_ADAPTERS", "NATIVE_ADAPTERS", "TRITON_ADAPTERS",

@@ -10,9 +10,9 @@ import os
 import platform
 from collections.abc import Iterable
 
-from .._hookspec import PLUGIN_API_VERSION
-from .._hookspec import hookimpl
 from .._kinds import CORE_KINDS
+from .._plugins._hookspec import PLUGIN_API_VERSION
+from .._plugins._hookspec import hookimpl
 from .._types import BackendInfo
 from .._types import DeviceInfo
 from .._types import LayerKind

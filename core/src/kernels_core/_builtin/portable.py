@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .._hookspec import PLUGIN_API_VERSION
-from .._hookspec import hookimpl
+from .._plugins._hookspec import PLUGIN_API_VERSION
+from .._plugins._hookspec import hookimpl
 from .._types import KernelSpec
 
 

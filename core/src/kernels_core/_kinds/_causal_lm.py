@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._errors import KernelFallbackWarning
 from .._forward import RUNTIME_PROBLEM_ATTR
-from .._plugin_info import KernelFallbackWarning
 from .._tolerance import probe_tolerance
 from .._types import Decline
 from .._types import Match

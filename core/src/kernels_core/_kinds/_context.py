@@ -187,7 +187,7 @@ class Probe:
     function its forward calls (``target="global"``), with the inputs it got and the output it gave (eval behaviour).
 
     kernelize runs the chosen kernel, through the kind's adapter, on the same inputs and compares the output's shape,
-    dtype and device with ``output`` (``kernels_core._verify``).
+    dtype and device with ``output`` (``kernels_core._trial``).
     """
 
     args: tuple[Any, ...]

@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._errors import KernelFallbackWarning
 from .._forward import decorator_chain_problem
 from .._forward import rewrap
-from .._plugin_info import KernelFallbackWarning
 from .._types import Decline
 from .._types import Match
 from . import _reference

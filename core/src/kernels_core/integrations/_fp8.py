@@ -19,10 +19,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .._config import ConfigError
 from .._config import KernelsConfig
+from .._errors import ConfigError
 from .._hints import did_you_mean
-from .._manager import KernelsPluginManager
+from .._plugins._manager import KernelsPluginManager
 
 
 __all__ = ["FP8_RECIPES", "apply_fp8", "check_fp8", "fp8_kernels", "fp8_request", "merge_fp8"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._config import ConfigError
+from .._errors import ConfigError
 from .._hints import did_you_mean
 from .._types import Mode
 from ._fp8 import check_fp8
@@ -148,7 +148,7 @@ def kernelize_for_llamafactory(model: Any, *, include_kernels: object = None, **
         KernelizeError: kernelize could not honour an explicit request; the model is exactly as it was.
     """
     from .. import _kernelize
-    from .._manager import get_plugin_manager
+    from .._plugins._manager import get_plugin_manager
 
     engine = _loading_engine()
     settings: dict[str, Any] = {}

@@ -28,17 +28,18 @@ from transformers.trainer_callback import TrainerCallback
 from transformers.utils import logging as hf_logging
 
 from .._binding import forward_slot
-from .._config import ConfigError
+from .._binding import store_report
+from .._binding import stored_report
 from .._config import KernelsConfig
 from .._config import load_config
-from .._kernelize import REPORT_ATTR
-from .._kernelize import _find_backend
+from .._errors import ConfigError
+from .._errors import KernelizeError
 from .._kernelize import get_report
 from .._kernelize import kernelize
-from .._manager import KernelsPluginManager
-from .._manager import get_plugin_manager
+from .._plugins._manager import KernelsPluginManager
+from .._plugins._manager import get_plugin_manager
 from .._report import KernelizeReport
-from .._resolve import KernelizeError
+from .._resolve import find_backend
 from .._types import BackendInfo
 from .._types import Mode
 from ._fp8 import apply_fp8
@@ -114,7 +115,7 @@ def loss_owner(model: nn.Module) -> str:
 def _annotate_trl(model: nn.Module) -> None:
     """Say in the report that TRL's fused LM head is the foreign forward the loss kind left alone."""
     # The stored report, not get_report's view of the model as it is now, which must not be frozen into it.
-    report = model.__dict__.get(REPORT_ATTR)
+    report = stored_report(model)
     if report is None:
         return
     entries = []
@@ -130,7 +131,7 @@ def _annotate_trl(model: nn.Module) -> None:
                 entry = dataclasses.replace(entry, reason=f"{_TRL_HEAD} runs here and computes the loss; "
                                                           f"{entry.reason}")
         entries.append(entry)
-    model.__dict__[REPORT_ATTR] = dataclasses.replace(report, entries=tuple(entries))
+    store_report(model, dataclasses.replace(report, entries=tuple(entries)))
 
 
 def training_device(args: Any, model: nn.Module, backends: list[tuple[BackendInfo, Any]]) -> torch.device | None:
@@ -156,7 +157,7 @@ def training_device(args: Any, model: nn.Module, backends: list[tuple[BackendInf
     where = {p.device.type for p in model.parameters()}
     if not where or not where <= {"cpu", "meta"}:
         return None
-    return torch.device(want) if _find_backend(torch.device(want), backends)[0] is not None else None
+    return torch.device(want) if find_backend(torch.device(want), backends)[0] is not None else None
 
 
 def weights_arrive_later(args: Any, model: nn.Module) -> str | None:

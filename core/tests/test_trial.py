@@ -76,7 +76,7 @@ def test_a_global_kernel_with_the_wrong_output_is_declined_and_its_modules_keep_
 
 def test_only_kernels_that_run_cheaply_and_safely_at_kernelize_are_checked_off_the_cpu():
     from kernels_core._kinds._context import Probe
-    from kernels_core._verify import output_problem
+    from kernels_core._trial import output_problem
 
     # The meta device stands in for an accelerator: plain PyTorch runs there, no kernel launches anything.
     for device in ("cpu", "meta"):

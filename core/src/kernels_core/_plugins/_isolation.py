@@ -19,28 +19,18 @@ from collections.abc import Generator
 from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from ._types import declaring
+from .._types import declaring
+from ._records import Fault
 
 
-__all__ = ["Fault", "IsolatingPluginManager"]
+__all__ = ["IsolatingPluginManager"]
 
 # One logger for the package: what a user configures is `kernels_core`, never a private module.
 logger = logging.getLogger("kernels_core")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """What went wrong in one plugin's implementation; ``soft`` problems (a hook returned ``None``) do not skip it."""
-
-    plugin: str
-    problem: str
-    error: BaseException | None = None
-    soft: bool = False
 
 
 class _Call:

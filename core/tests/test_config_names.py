@@ -16,8 +16,8 @@ from kernels_core import LayerKind
 from kernels_core import Mode
 from kernels_core import hookimpl
 from kernels_core import load_config
-from kernels_core._config_check import check_config
-from kernels_core._config_check import config_problems
+from kernels_core._config_names import check_config
+from kernels_core._config_names import config_problems
 from kernels_core.testing import fresh_plugin_manager
 from kernels_core.testing import tiny_causal_lm
 

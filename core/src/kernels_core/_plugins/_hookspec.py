@@ -3,7 +3,7 @@
 facade, which re-exports the matcher context and so would close an import cycle).
 
 Example:
-    >>> from kernels_core._hookspec import PLUGIN_API_VERSION
+    >>> from kernels_core._plugins._hookspec import PLUGIN_API_VERSION
     >>> PLUGIN_API_VERSION.count(".")
     1
 """
@@ -17,11 +17,11 @@ from typing import Any
 
 import pluggy
 
-from ._types import BackendInfo
-from ._types import Binding
-from ._types import KernelSpec
-from ._types import LayerKind
-from ._types import Match
+from .._types import BackendInfo
+from .._types import Binding
+from .._types import KernelSpec
+from .._types import LayerKind
+from .._types import Match
 
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from ._plugin_info import PluginInfo
-from ._plugin_info import warn_fallback
+from ._plugins._fallbacks import warn_fallback
+from ._plugins._records import PluginInfo
 from ._types import Decline
 
 

@@ -15,17 +15,18 @@ import difflib
 import os
 import warnings
 from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._config import ConfigError
-from ._config import ConfigWarning
 from ._config import KernelsConfig
+from ._errors import ConfigError
+from ._errors import ConfigWarning
 from ._hints import user_stacklevel
-from ._manager import ENV_ALLOW
-from ._manager import ENV_BLOCK
-from ._manager import KernelsPluginManager
-from ._plugin_info import PluginStatus
+from ._plugins._loading import ENV_ALLOW
+from ._plugins._loading import ENV_BLOCK
+from ._plugins._manager import KernelsPluginManager
+from ._plugins._records import PluginStatus
 from ._types import ANY_BACKEND
 
 
@@ -144,6 +145,51 @@ class _Collector:
                 else:
                     self.add_env(source, message)
 
+    def preference(self, kind_name: str, backend: str, listed: tuple[str, ...]) -> None:
+        """The problems of ``kinds.<kind_name>.prefer.<backend>``."""
+        installed = self.installed
+        path = ("kinds", kind_name, "prefer", backend)
+        if backend not in installed.backends:
+            self.add(path, f"backend {backend!r} is not declared by any installed plugin; "
+                           f"{_closest(backend, installed.backends, 'backends')}")
+        # Where this machine has the backend and not one listed id is a kernel of the kind, kernelize cannot
+        # honour the preference, so the names are an error here, not "ignored": the message names the ids, the
+        # closest installed ones and the source. An id among installed ones is skipped, and only warns.
+        unusable = backend in installed.backends and not any(
+            installed.kernels.get(kernel_id, ("",))[0] == kind_name for kernel_id in listed)
+        why = (f"; none of kinds.{kind_name}.prefer.{backend} is an installed kernel of kind {kind_name}, so "
+               "kernelize cannot honour it") if unusable else ""
+        for kernel_id in listed:
+            if kernel_id not in installed.kernels:
+                self.unknown_kernel(path, kernel_id, kind_name, error=unusable, why=why)
+                continue
+            kind, runs_on = installed.kernels[kernel_id]
+            if kind != kind_name:
+                self.add(path, f"kernel {kernel_id!r} implements kind {kind!r}, never {kind_name!r}; "
+                               f"{_closest(kernel_id, installed.ids_of_kind(kind_name), 'kernel ids')}{why}",
+                         error=unusable)
+            elif backend != ANY_BACKEND and runs_on not in (ANY_BACKEND, backend):
+                self.add(path, f"kernel {kernel_id!r} runs on backend {runs_on!r}, so modules on {backend!r} "
+                               "can never use it")
+
+    def options(self, kind_name: str, options: Mapping[str, object],
+                declared: Mapping[str, type | tuple[type, ...]]) -> None:
+        """The problems of ``kinds.<kind_name>.options``, against the options the kind declares."""
+        for option, value in sorted(options.items()):
+            path = ("kinds", kind_name, "options", option)
+            if option not in declared:
+                allowed = sorted(declared)
+                hint = _closest(option, allowed, "options") if allowed else f"kind {kind_name!r} takes no options"
+                self.add(path, f"unknown option {option!r} for kind {kind_name!r}; {hint}; allowed: {allowed}",
+                         error=True)
+                continue
+            expected = declared[option]
+            types = expected if isinstance(expected, tuple) else (expected,)
+            if not _fits(value, types):
+                names = " or ".join(t.__name__ for t in types)
+                self.add(path, f"option {option!r} of kind {kind_name!r} expects {names}, got "
+                               f"{type(value).__name__} {value!r}", error=True)
+
 
 def config_problems(config: KernelsConfig, pm: KernelsPluginManager) -> list[ConfigProblem]:
     """Every name in ``config`` (and in the manager's allow/block lists) that does not fit what ``pm`` has.
@@ -187,47 +233,10 @@ def config_problems(config: KernelsConfig, pm: KernelsPluginManager) -> list[Con
             elif name not in installed.plugins:
                 out.unknown_kernel(path, name, kind_name, plugins_too=True)
         for backend in sorted(kind_config.prefer):
-            path = ("kinds", kind_name, "prefer", backend)
-            if backend not in installed.backends:
-                out.add(path, f"backend {backend!r} is not declared by any installed plugin; "
-                              f"{_closest(backend, installed.backends, 'backends')}")
-            listed = kind_config.prefer[backend]
-            # Where this machine has the backend and not one listed id is a kernel of the kind, kernelize cannot
-            # honour the preference, so the names are an error here, not "ignored": the message names the ids, the
-            # closest installed ones and the source. An id among installed ones is skipped, and only warns.
-            unusable = backend in installed.backends and not any(
-                installed.kernels.get(kernel_id, ("",))[0] == kind_name for kernel_id in listed)
-            why = (f"; none of kinds.{kind_name}.prefer.{backend} is an installed kernel of kind {kind_name}, so "
-                   "kernelize cannot honour it") if unusable else ""
-            for kernel_id in listed:
-                if kernel_id not in installed.kernels:
-                    out.unknown_kernel(path, kernel_id, kind_name, error=unusable, why=why)
-                    continue
-                kind, runs_on = installed.kernels[kernel_id]
-                if kind != kind_name:
-                    out.add(path, f"kernel {kernel_id!r} implements kind {kind!r}, never {kind_name!r}; "
-                                  f"{_closest(kernel_id, installed.ids_of_kind(kind_name), 'kernel ids')}{why}",
-                            error=unusable)
-                elif backend != ANY_BACKEND and runs_on not in (ANY_BACKEND, backend):
-                    out.add(path, f"kernel {kernel_id!r} runs on backend {runs_on!r}, so modules on {backend!r} "
-                                  "can never use it")
+            out.preference(kind_name, backend, kind_config.prefer[backend])
         declared = getattr(installed.kinds[kind_name], "options", None)
-        if declared is None:
-            continue
-        for option, value in sorted(kind_config.options.items()):
-            path = ("kinds", kind_name, "options", option)
-            if option not in declared:
-                allowed = sorted(declared)
-                hint = _closest(option, allowed, "options") if allowed else f"kind {kind_name!r} takes no options"
-                out.add(path, f"unknown option {option!r} for kind {kind_name!r}; {hint}; allowed: {allowed}",
-                        error=True)
-                continue
-            expected = declared[option]
-            types = expected if isinstance(expected, tuple) else (expected,)
-            if not _fits(value, types):
-                names = " or ".join(t.__name__ for t in types)
-                out.add(path, f"option {option!r} of kind {kind_name!r} expects {names}, got "
-                              f"{type(value).__name__} {value!r}", error=True)
+        if declared is not None:
+            out.options(kind_name, kind_config.options, declared)
     return out.problems
 
 

@@ -1,4 +1,5 @@
-"""What the core records about plugins and their kernels: plugin listings, provided kernels and kinds, fallbacks.
+"""What the core records about plugins: who they are and their status, what each provides, and what went wrong in
+a plugin's code (:class:`Fault`).
 
 Example:
     >>> info = PluginInfo(name="mine", module="my_pkg.plugin", distribution="my-pkg", version="1.0")
@@ -9,88 +10,31 @@ Example:
 from __future__ import annotations
 
 import re
-import threading
-import warnings
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 
-from ._hints import user_stacklevel
-from ._types import BackendInfo
-from ._types import KernelSpec
-from ._types import LayerKind
-from ._types import StatusEnum
+from .._types import BackendInfo
+from .._types import KernelSpec
+from .._types import LayerKind
+from .._types import StatusEnum
 
 
 __all__ = [
-    "ENV_STRICT",
     "Contribution",
-    "KernelFallbackWarning",
-    "PluginError",
+    "Fault",
+    "KernelProblem",
     "PluginInfo",
+    "PluginStatus",
     "ProvidedKernel",
     "ProvidedKind",
     "canonical_distribution",
-    "recorded_fallbacks",
     "replace_info",
-    "reset_fallbacks",
-    "warn_fallback",
 ]
-
-
-ENV_STRICT = "KERNELS_CORE_STRICT_PLUGINS"
-
-
-class KernelFallbackWarning(UserWarning):
-    """An automatic choice fell back: a kernel or a layer kind could not be used, so something else runs.
-
-    Issued once per kernel (or kind) and cause in a process; the message names the plugin, its distribution,
-    the kernel id and the cause. Turn it into an error with a warnings filter:
-    ``warnings.filterwarnings("error", category=kernels_core.KernelFallbackWarning)`` (Python's ``-W`` option
-    cannot name it: it is checked before kernels-core is imported).
-    """
-
-
-# Process-wide: what fell back and why, for listings; which (plugin, subject, cause) were already warned about.
-_FALLBACKS: dict[tuple[str, str], str] = {}
-_WARNED: set[tuple[str, str, str]] = set()
-_FALLBACK_LOCK = threading.Lock()
-
-
-def warn_fallback(plugin: PluginInfo, subject: str, cause: str, message: str) -> None:
-    """Record that ``subject`` (a kernel id, or ``kind:<name>``) of ``plugin`` fell back; warn once per cause."""
-    key = (plugin.name, subject, cause)
-    with _FALLBACK_LOCK:
-        _FALLBACKS[(plugin.name, subject)] = cause
-        if key in _WARNED:
-            return
-        _WARNED.add(key)
-    warnings.warn(message, KernelFallbackWarning, stacklevel=user_stacklevel())
-
-
-def recorded_fallbacks() -> dict[tuple[str, str], str]:
-    """``(plugin, kernel id or kind:<name>) -> cause`` for every fallback seen in this process."""
-    with _FALLBACK_LOCK:
-        return dict(_FALLBACKS)
-
-
-def reset_fallbacks() -> None:
-    """Forget recorded fallbacks and warnings (tests: each test starts as a fresh process would)."""
-    with _FALLBACK_LOCK:
-        _FALLBACKS.clear()
-        _WARNED.clear()
 
 
 def canonical_distribution(distribution: str | None) -> str | None:
     return re.sub(r"[-_.]+", "-", distribution).lower() if distribution else None
-
-
-class PluginError(RuntimeError):
-    """A plugin could not be loaded or used. Raised only in strict mode; otherwise logged once."""
-
-    def __init__(self, plugin: str, message: str) -> None:
-        super().__init__(message)
-        self.plugin = plugin
 
 
 class PluginStatus(StatusEnum):
@@ -163,6 +107,23 @@ class Contribution:
     backends: list[BackendInfo] = field(default_factory=list)
     kinds: list[LayerKind] = field(default_factory=list)
     kernels: list[KernelSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What went wrong in one plugin's code: the plugin, the problem, the exception if one was raised.
+
+    A hook implementation's fault (:mod:`._isolation`) skips its plugin unless it is ``soft`` (a hook returned
+    ``None``); kernelize's (:class:`~._diagnostics.PluginFaults`) name the ``subject`` (a kernel id, or
+    ``kind:<name>``) and its layer ``kind``, and leave the modules concerned on another kernel or their own forward.
+    """
+
+    plugin: str
+    problem: str
+    error: BaseException | None = None
+    soft: bool = False
+    subject: str = ""
+    kind: str = ""
 
 
 def replace_info(info: PluginInfo, **changes: object) -> PluginInfo:

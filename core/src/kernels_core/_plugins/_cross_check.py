@@ -9,7 +9,7 @@ declaration with the highest priority, the others rejected (all of them on a tie
 one priority declared twice for one kind and backend is a conflict. Conflicts are listed by ``kernels-core plugins``.
 
 Example:
-    >>> from kernels_core._plugin_info import Contribution
+    >>> from kernels_core._plugins._records import Contribution
     >>> found = cross_check({"builtin": Contribution()})
     >>> found.skipped, found.conflicts, found.rejected
     ([], [], [])
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 
-from ._plugin_info import Contribution
-from ._types import KernelSpec
-from ._types import LayerKind
-from ._types import declaration_problem
+from .._types import KernelSpec
+from .._types import LayerKind
+from .._types import declaration_problem
+from ._records import Contribution
 
 
 __all__ = ["Findings", "Skip", "cross_check"]

@@ -15,8 +15,8 @@ import pytest
 import torch
 from kernels_core import KernelFallbackWarning
 from kernels_core import Mode
-from kernels_core._verified import VERIFIED
-from kernels_core._verified import family
+from kernels_core._verified_families import VERIFIED
+from kernels_core._verified_families import family
 from kernels_core.testing import FAMILIES
 from kernels_core.testing import tiny_causal_lm
 
