@@ -19,7 +19,9 @@ multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-r
 ``--peft lora|lora_lm_head|qlora`` trains LoRA adapters (QLoRA: the base quantized to 4-bit nf4 by bitsandbytes
 while loading). ``--packing`` sends each step's ``--batch`` documents of ``--seq`` tokens as one packed row through
 ``DataCollatorWithFlattening`` (restarting position ids, -100 at each document's start; the Trainer's default
-``use_cache=False`` makes eager attend per document). Kernelized variants wait for the norms' C++ autograd nodes
+``use_cache=False`` makes eager attend per document). ``--trl`` runs TRL's ``SFTTrainer`` instead, packing with
+``SFTConfig(packing=True, padding_free=True)`` (best-fit decreasing) into rows of ``--batch`` x ``--seq`` tokens, one
+row a step: the documents TRL users pack, with TRL's own loss and metrics. Kernelized variants wait for the norms' C++ autograd nodes
 before training (steady-state numbers).
 
     python -m benchmarks.cuda.trainer_bench --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
@@ -61,7 +63,7 @@ def deepspeed_config(stage: int) -> dict:
 def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp: bool = False,
                 deepspeed: int | None = None, model_name: str = "qwen3-0.6b", layers: int | None = None,
                 optimizer: str = "fused", batch: int = 4, seq: int = 2048, lora: str | None = None,
-                packing: bool = False) -> dict:
+                packing: bool = False, trl: bool = False) -> dict:
     import torch
     from transformers import Trainer
     from transformers import TrainerCallback
@@ -88,6 +90,9 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     data = [{"input_ids": (ids := torch.randint(0, vocab, (seq,), generator=g)), "labels": ids}
             for _ in range(batch * steps * world)]
     collator = None
+    if trl:
+        return run_trl(variant, model, data, callbacks, stamps, steps, warmup, output_dir, batch=batch, seq=seq,
+                       optimizer=optimizer)
     if packing:
         from transformers import DataCollatorWithFlattening
 
@@ -157,6 +162,50 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     return result
 
 
+def run_trl(variant: str, model, data: list[dict], callbacks: list, stamps: list[float], steps: int, warmup: int,
+            output_dir: str, *, batch: int, seq: int, optimizer: str) -> dict:
+    """TRL's SFTTrainer on pre-tokenized documents, packed ``batch`` to a row of ``batch * seq`` tokens."""
+    import torch
+    from datasets import Dataset
+    from tokenizers import Tokenizer
+    from tokenizers import models
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig
+    from trl import SFTTrainer
+
+    if variant.startswith("kernelize"):
+        settle_cpp_extension()
+    # The documents are already token ids; the tokenizer only supplies pad/eos ids, which packing never inserts.
+    backend = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1}, unk_token="<pad>"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>")
+    dataset = Dataset.from_list([{"input_ids": example["input_ids"].tolist()} for example in data])
+    args = SFTConfig(output_dir=output_dir, per_device_train_batch_size=1, max_steps=steps, logging_steps=1,
+                     learning_rate=1e-5, optim="adamw_torch_fused" if optimizer == "fused" else "adamw_torch",
+                     bf16=True, report_to=[], save_strategy="no", seed=0, disable_tqdm=True,
+                     max_length=batch * seq, packing=True, padding_free=True, dataset_num_proc=1,
+                     use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=callbacks)
+    torch.cuda.reset_peak_memory_stats()
+    output = trainer.train()
+    tokens = batch * seq
+    result = {
+        "variant": variant,
+        "world_size": 1,
+        "trainer": "trl.SFTTrainer (packing, padding_free)",
+        "train_tokens_per_second": steps * tokens / output.metrics["train_runtime"],
+        "steady_tokens_per_second": (len(stamps) - warmup - 1) * tokens / (stamps[-1] - stamps[warmup]),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_memory_gib_per_rank": [torch.cuda.max_memory_allocated() / 2**30],
+        "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        "mean_token_accuracy": [e.get("mean_token_accuracy") for e in trainer.state.log_history if "loss" in e],
+    }
+    if len(callbacks) > 1:
+        result["kernelize"] = callbacks[1].report.summary()
+        result["loss_owner"] = callbacks[1].loss
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True)
@@ -176,13 +225,15 @@ def main() -> int:
                              "on those and lm_head, or QLoRA (4-bit nf4 base, bitsandbytes)")
     parser.add_argument("--packing", action="store_true",
                         help="each step's documents packed in one row (DataCollatorWithFlattening)")
+    parser.add_argument("--trl", action="store_true",
+                        help="TRL's SFTTrainer, packing=True and padding_free=True, one row of batch x seq a step")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.one:
         result = run_variant(opts.one, opts.steps, opts.warmup, f"/tmp/trainer-bench/{opts.one}", fsdp=opts.gpus > 1,
                              deepspeed=opts.deepspeed, model_name=opts.model, layers=opts.layers,
                              optimizer=opts.optimizer, batch=opts.batch, seq=opts.seq, lora=opts.peft,
-                             packing=opts.packing)
+                             packing=opts.packing, trl=opts.trl)
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result))
         return 0
@@ -197,6 +248,7 @@ def main() -> int:
     passed += ["--layers", str(opts.layers)] if opts.layers else []
     passed += ["--peft", opts.peft] if opts.peft else []
     passed += ["--packing"] if opts.packing else []
+    passed += ["--trl"] if opts.trl else []
     for variant in opts.variants.split(","):
         torchrun = ["--standalone", "--nproc_per_node", str(opts.gpus)] if opts.gpus > 1 or opts.deepspeed else None
         cmd = python_m("benchmarks.cuda.trainer_bench", *passed, "--one", variant, torchrun=torchrun)
@@ -237,6 +289,10 @@ def main() -> int:
     print(json.dumps(summary, indent=2))
     depth = f", {opts.layers} layers" if opts.layers else ""
     shape = f"{opts.model}{depth}, bf16, batch {opts.batch} x {opts.seq} per GPU, AdamW ({opts.optimizer})"
+    if opts.trl:
+        shape += f"; TRL SFTTrainer, packing + padding_free, {opts.batch} documents per row"
+    elif opts.packing:
+        shape += "; documents packed in one row (DataCollatorWithFlattening)"
     if opts.peft:
         shape += f"; PEFT {opts.peft} (r 16, dropout 0.05)"
     if opts.deepspeed:

@@ -206,3 +206,34 @@ def test_head_gradients_accumulate_in_float32_over_many_chunks():
     for name, go, ge, gt in zip(("hidden", "weight", "bias"), g_ours, g_eager, g_truth, strict=True):
         e_ours, e_eager = rel_err(go, gt), rel_err(ge, gt)
         assert e_ours <= 1.5 * e_eager + 2**-9, f"{name}: error {e_ours:.2e} vs eager {e_eager:.2e}"
+
+
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcap"])
+def test_a_vocabulary_off_the_gemm_alignment_is_padded_for_the_products(softcap):
+    """V = 101 is not a multiple of 8: Liger must see a weight of 128 rows (its logits rows 16-byte aligned, cuBLAS's
+    fast GEMMs) with -inf bias on the padding, and the gradients come back with 101 rows. A soft-cap would turn -inf
+    into -softcap, so then nothing is padded. The loss and gradients themselves are checked against eager above."""
+    from liger_kernel.ops import fused_linear_cross_entropy as liger
+
+    seen = []
+    real = liger.fused_linear_cross_entropy_forward
+
+    def spy(**kwargs):
+        seen.append((tuple(kwargs["weight"].shape), kwargs["bias"]))
+        if softcap is not None:  # the interpreter cannot run Liger's tanh: only the operands matter here
+            w = kwargs["weight"]
+            return (torch.zeros((), device=DEV), None, None, None, torch.zeros_like(kwargs["_input"]),
+                    torch.zeros_like(w), None)
+        return real(**kwargs)
+
+    x, w, _, labels = _inputs()
+    x, w = x.requires_grad_(), w.requires_grad_()
+    with mock.patch.object(liger, "fused_linear_cross_entropy_forward", spy):
+        _ours(labels, softcap=softcap)(x, w).backward()
+    (shape, bias), = seen
+    assert w.grad.shape == (V, H) and x.grad.shape == (N, H)
+    if softcap is not None:
+        assert shape == (V, H) and bias is None
+        return
+    assert shape == (128, H)
+    assert torch.equal(bias[:V], torch.zeros(V, device=DEV)) and bool(torch.isneginf(bias[V:]).all())

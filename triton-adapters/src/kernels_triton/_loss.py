@@ -61,6 +61,39 @@ def _chunk_rows_setting() -> int:
 _CHUNK_ROWS = _chunk_rows_setting()
 
 
+# cuBLAS takes its fast Hopper GEMMs only for 16-byte aligned rows: a vocabulary that is not a multiple of 8
+# (Granite's 49155, GPT-2's 50257) leaves every [rows, V] logits chunk misaligned, and the three lm_head products
+# fall back to CUTLASS's SM75 "align1" kernels. Measured on an H200, Granite-3-8B shape (2 x 4096 tokens): 83 ms of
+# a 161 ms step went to those products. Such vocabularies are padded to a multiple of _VOCAB_ALIGN rows.
+_VOCAB_ALIGN = 64
+
+
+def _padded_vocab(weight: torch.Tensor, bias: torch.Tensor | None, softcap: float,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``weight`` with zero rows and ``bias`` with -inf entries up to a multiple of :data:`_VOCAB_ALIGN` rows.
+
+    A padded logit is ``0 + (-inf)``: it adds nothing to any row's softmax and gets a zero gradient, and adding the
+    real rows' zero bias changes no logit. Soft-capping would map -inf to ``-softcap``, so with a soft-cap (and for
+    vocabularies already a multiple of 8) the operands are returned as they are.
+
+    Example:
+        >>> w, b = _padded_vocab(torch.ones(5, 2), None, 0.0)
+        >>> tuple(w.shape), b[4].item(), b[5].item()
+        ((64, 2), 0.0, -inf)
+    """
+    vocab = weight.shape[0]
+    pad = -vocab % _VOCAB_ALIGN
+    if vocab % 8 == 0 or softcap > 0.0:
+        return weight, bias
+    weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
+    if bias is None:
+        bias = weight.new_zeros(vocab + pad)
+        bias[vocab:] = float("-inf")
+    else:
+        bias = torch.cat([bias, bias.new_full((pad,), float("-inf"))])
+    return weight, bias
+
+
 # Elements per float32 scratch block when backward scales a half-precision gradient (64 MiB).
 _SCALE_BLOCK = 2**24
 
@@ -110,9 +143,11 @@ def _flce(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
     # bytes, during the loss's forward). One chunk needs no accumulator of another dtype.
     low_precision = weight.dtype in (torch.float16, torch.bfloat16)
     several = _liger_chunks(hidden_states.shape[0], weight.shape[0], weight.shape[1], chunk_mem_const) > 1
+    vocab, given_bias = weight.shape[0], bias
+    weight, bias = _padded_vocab(weight.contiguous(), bias, softcap)
     loss, _, _, _, g_hidden, g_weight, g_bias = fused_linear_cross_entropy_forward(
         _input=hidden_states.contiguous(),
-        weight=weight.contiguous(),
+        weight=weight,
         target=labels.contiguous(),
         bias=bias,
         ignore_index=ignore_index,
@@ -123,6 +158,9 @@ def _flce(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
         chunk_mem_const=chunk_mem_const,
         accum_dtype=torch.float32 if (grad_weight and low_precision and several) else None,
     )
+    if weight.shape[0] != vocab:  # the padded rows' gradients are zero; the bias's is wanted only if one was given
+        g_weight = None if g_weight is None else g_weight[:vocab]
+        g_bias = None if (g_bias is None or given_bias is None) else g_bias[:vocab]
     # Custom-op outputs may not alias each other: one fresh empty tensor per unused slot.
     return (
         loss.float().reshape(()).clone(),
