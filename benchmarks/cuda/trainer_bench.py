@@ -21,8 +21,8 @@ while loading). ``--packing`` sends each step's ``--batch`` documents of ``--seq
 ``DataCollatorWithFlattening`` (restarting position ids, -100 at each document's start; the Trainer's default
 ``use_cache=False`` makes eager attend per document). ``--trl`` runs TRL's ``SFTTrainer`` instead, packing with
 ``SFTConfig(packing=True, padding_free=True)`` (best-fit decreasing) into rows of ``--batch`` x ``--seq`` tokens, one
-row a step: the documents TRL users pack, with TRL's own loss and metrics. Kernelized variants wait for the norms' C++ autograd nodes
-before training (steady-state numbers).
+row a step: the documents TRL users pack, with TRL's own loss and metrics. Kernelized variants wait for the norms'
+C++ autograd nodes before training (steady-state numbers).
 
     python -m benchmarks.cuda.trainer_bench --gpus 4 --deepspeed 3 --variants plain,liger,kernelize,kernelize_before \
         --out benchmarks/results/trainer-zero3-qwen3-0.6b-4xh100.json

@@ -60,6 +60,9 @@ PROVIDERS: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed",),
     "torchao": ("torchao",),
 }
+# The repository's own folders of scripts (no distribution ships them): importable from a checkout only, so a test
+# must reach them through importorskip with a reason.
+REPOSITORY_MODULES = {"tools", "benchmarks"}
 # Distributions a test needs without importing them. transformers imports accelerate lazily and raises without it
 # for from_pretrained(device_map=...) / (tp_plan=...) and for its Trainer and TrainingArguments; kernels-core's
 # testing helpers build transformers models (kernels-core itself does not depend on transformers).
@@ -189,6 +192,11 @@ def _undeclared(package: str) -> list[str]:
         where = path.relative_to(REPO)
         for module, line in sorted(needs.items()):
             if module in sys.stdlib_module_names or module == "__future__" or module in local:
+                continue
+            if module in REPOSITORY_MODULES:
+                if not skips.get(module):
+                    problems.append(f"{where}:{line}: {module!r} exists only in a checkout: importorskip it with a "
+                                    "reason")
                 continue
             if module in first_party:
                 providers: tuple[str, ...] = (first_party[module][0],)

@@ -80,7 +80,6 @@ def test_family_trains_like_eager_with_cuda_kernels(case, dtype):
     import copy
 
     import kernels_core
-
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     family, overrides, expected = CASES[case]

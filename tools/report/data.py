@@ -94,11 +94,14 @@ def row_where(data: dict, **match: object) -> dict:
 
 MODEL_NAMES = {"qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-30b-a3b-4l": "Qwen3-30B-A3B shape (4 layers)",
                 "mixtral-8x7b-2l": "Mixtral-8x7B shape (2 layers)", "gemma-3-4b-6l": "Gemma-3-4B shape (6 layers)",
-                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)", "llama-3.1-8b": "Llama-3.1-8B shape (32 layers)"}
+                "llama-3.1-8b-4l": "Llama-3.1-8B shape (4 layers)", "llama-3.1-8b": "Llama-3.1-8B shape (32 layers)",
+                "granite-3-8b-4l": "Granite-3-8B shape (4 layers)",
+                "deepseek-v2-lite-4l": "DeepSeek-V2-Lite shape (4 layers)"}
 
 
 # The published depth of the shapes above that are cut to fewer layers.
-_FULL_DEPTH = {"qwen3-30b-a3b-4l": 48, "mixtral-8x7b-2l": 32, "gemma-3-4b-6l": 34, "llama-3.1-8b-4l": 32}
+_FULL_DEPTH = {"qwen3-30b-a3b-4l": 48, "mixtral-8x7b-2l": 32, "gemma-3-4b-6l": 34, "llama-3.1-8b-4l": 32,
+               "granite-3-8b-4l": 40, "deepseek-v2-lite-4l": 27}
 
 
 def model_name(data: dict) -> str:
@@ -125,7 +128,12 @@ def fsdp_setup(data: dict) -> str:
 
 # models_bench results in the headline: (variant, baseline) pairs per file; the targets are set this way.
 MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kernelize_compile", "compile"))),
-                    "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile")))}
+                   "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile"))),
+                   "granite-h200": ("Training", (("kernelize", "eager"), ("kernelize", "liger"),
+                                                 ("kernelize_compile", "compile"))),
+                   "deepseek-v2-lite-h200": ("MLA + MoE training", (("kernelize", "eager"),))}
+# How the README names each models_bench baseline.
+BASELINES = {"eager": "eager", "compile": "`torch.compile`", "liger": "Liger-Kernel"}
 
 
 # Results on the benchmarks page only: the README's table keeps one row per question (the others are repeats, the

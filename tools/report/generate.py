@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tools.report.data import DISTRIBUTED_HEADLINE
 from tools.report.data import MODEL_NAMES
+from tools.report.data import BASELINES
 from tools.report.data import MODELS_HEADLINE
 from tools.report.data import PAGE_ONLY
 from tools.report.data import RESULTS
@@ -74,6 +75,12 @@ TRAINER_ROWS = (
     ("trainer-lora", (("kernelize", "Trainer + PEFT LoRA on every decoder linear, Qwen3-0.6B shape: "
                        "`KernelizeCallback`", "plain PEFT / `use_liger_kernel=True`",
                        "Trainer + LoRA, Qwen3-0.6B: KernelizeCallback vs plain PEFT"),)),
+    ("trainer-packing-", (("kernelize", "Trainer, packed rows (`DataCollatorWithFlattening`, 4 documents of 2,048 "
+                           "tokens a row), Qwen3-0.6B shape: `KernelizeCallback`", "plain Trainer",
+                           "Trainer, packed rows, Qwen3-0.6B: KernelizeCallback vs plain Trainer"),)),
+    ("trainer-trl-packing-", (("kernelize", "TRL `SFTTrainer`, `packing` + `padding_free` (4 documents of 2,048 "
+                               "tokens a row), Qwen3-0.6B shape: `KernelizeCallback`", "plain `SFTTrainer`",
+                               "TRL SFTTrainer, packed, Qwen3-0.6B: KernelizeCallback vs plain"),)),
 )
 
 
@@ -117,13 +124,14 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
         where = {"stage": stage.group(1) if stage else "?"}
         each = per_gpu_suffix(gpu_count(data))
         for variant, what, against, label in rows:
-            if not {"plain", "liger", variant} <= tok.keys():
+            if not {"plain", variant} <= tok.keys():
                 continue
+            # Against use_liger_kernel=True too where the file has it (the against text names both then).
+            liger = f" / {tok[variant] / tok['liger']:.2f}x" if "liger" in tok else ""
+            liger_peak = f" / {peak[variant] / peak['liger']:.2f}x" if "liger" in peak else ""
             add(stem, what.format(**where), against, tok[variant] / tok["plain"],
-                f"**{tok[variant] / tok['plain']:.2f}x** / {tok[variant] / tok['liger']:.2f}x "
-                f"({thousands(tok[variant])} tok/s)",
-                f"{peak[variant] / peak['plain']:.2f}x / {peak[variant] / peak['liger']:.2f}x "
-                f"({peak[variant]:.1f} GiB{each})", commit_of(data),
+                f"**{tok[variant] / tok['plain']:.2f}x**{liger} ({thousands(tok[variant])} tok/s)",
+                f"{peak[variant] / peak['plain']:.2f}x{liger_peak} ({peak[variant]:.1f} GiB{each})", commit_of(data),
                 label=f"{label.format(**where)} ({short_device(data)})")
     for stem, data in results.items():
         if not stem.startswith("packing-"):
@@ -186,7 +194,7 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 if variant in by and base in by:
                     ratio = by[variant]["tokens_per_s"] / by[base]["tokens_per_s"]
                     add(stem, f"{label}, {MODEL_NAMES.get(model, model)}: {variant.replace('_', ' + ')}",
-                        "eager" if base == "eager" else "`torch.compile`", ratio,
+                        BASELINES[base], ratio,
                         f"**{ratio:.2f}x** ({thousands(by[variant]['tokens_per_s'])} tok/s)",
                         f"{by[variant]['peak_GiB'] / by[base]['peak_GiB']:.2f}x ({by[variant]['peak_GiB']:.1f} GiB)",
                         commit_of(data))
@@ -386,12 +394,13 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
                       if row.get("tokens_per_s")]
             out[f"{stem}.svg"] = _bar_chart(f"FSDP2, {short_device(data, 1)}: tokens/s per GPU", values, "k",
                                             label_width=260)
-    for stem in ("moe-h100", "gemma-h100"):
+    for stem in MODELS_HEADLINE:
         if stem in results:
             rows = [(f"{row['model']} {row['variant']}", row["tokens_per_s"] / 1000)
                     for row in results[stem]["rows"] if row.get("tokens_per_s")]
-            out[f"{stem}.svg"] = _bar_chart(f"{models_title(results[stem])[:60]}, H100: tokens/s", rows, "k",
-                                            label_width=300)
+            out[f"{stem}.svg"] = _bar_chart(
+                f"{models_title(results[stem])[:60]}, {short_device(results[stem])}: tokens/s", rows, "k",
+                label_width=300)
     if "decode-h100" in results:
         rows = [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
                 for row in results["decode-h100"]["rows"]]

@@ -282,7 +282,11 @@ def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
                     return ("the logits it returns are not lm_head's output, nor that times or over a configuration "
                             f"value, nor soft-capped by final_logit_softcapping{by}: they are post-processed in a "
                             "way the fused kernel cannot reproduce")
-        expected = ForCausalLMLoss(logits, labels, vocab_size=logits.shape[-1])
+        # The logits of the same call: a second forward may differ from the first by dropout (a PEFT LoRA adapter
+        # on lm_head, in training mode).
+        own = getattr(labelled, "logits", None)
+        own = own if isinstance(own, torch.Tensor) and own.shape == logits.shape else logits
+        expected = ForCausalLMLoss(own, labels, vocab_size=own.shape[-1])
         loss = getattr(labelled, "loss", None)
         if not (isinstance(loss, torch.Tensor) and _same(loss, expected, torch.float32)):
             return ("the loss it returns is not transformers' ForCausalLMLoss of the logits it returns (another "
@@ -295,7 +299,10 @@ def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
                 return (f"its load_balancing_loss_func takes router logits of another form than [tokens, experts] "
                         f"({type(exc).__name__}: {exc}); the fused path could not reproduce the auxiliary loss")
             routed_loss = getattr(routed, "loss", None)
-            want = expected + getattr(module, aux) * term.to(expected.device)
+            routed_logits = getattr(routed, "logits", None)
+            base = expected if not isinstance(routed_logits, torch.Tensor) or routed_logits.shape != own.shape else (
+                ForCausalLMLoss(routed_logits, labels, vocab_size=own.shape[-1]))
+            want = base + getattr(module, aux) * term.to(expected.device)
             if not (isinstance(routed_loss, torch.Tensor) and _same(routed_loss, want, torch.float32)):
                 return (f"with router logits, the loss it returns is not ForCausalLMLoss + {aux} * "
                         "load_balancing_loss_func(router_logits, num_experts, num_experts_per_tok, attention_mask)")

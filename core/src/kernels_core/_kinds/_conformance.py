@@ -67,6 +67,9 @@ _TINY: dict[str, int] = {
     "kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
     "qk_head_dim": 32, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "index_head_dim": 32,
     "index_n_heads": 2, "n_shared_experts": 1,
+    # State-space layers (Bamba, Falcon-H1): transformers' reference scan (no mamba_ssm on a CPU) holds
+    # heads x chunk x chunk x state intermediates; the defaults (128 x 256 x 256 x 256) take 17 GB in 5.6.
+    "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_chunk_size": 32, "mamba_d_ssm": 128,
 }
 _UNSET: dict[str, int] = {"num_experts_per_tok": 2}
 
