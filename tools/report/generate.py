@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tools.report.data import BASELINES
 from tools.report.data import DISTRIBUTED_HEADLINE
 from tools.report.data import MODEL_NAMES
-from tools.report.data import BASELINES
 from tools.report.data import MODELS_HEADLINE
 from tools.report.data import PAGE_ONLY
 from tools.report.data import RESULTS
