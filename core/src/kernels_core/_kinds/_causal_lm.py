@@ -175,22 +175,35 @@ def _aux_coefficient(module: nn.Module, names: frozenset[str]) -> str | None:
     return None
 
 
-def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
-    """The match's parameters from probing the forward around a stub base model, or what differs from the math.
+@dataclasses.dataclass(frozen=True)
+class _HeadForward:
+    """What a ``*ForCausalLM`` forward's code says about itself before it runs: its source of truth for the probe."""
 
-    Two runs (without labels, with labels), in eval and in training behaviour; the hidden states are random, the
-    labels a permutation of the probe's token ids. Where the forward calls ``load_balancing_loss_func``, the stub
-    also returns router logits and the run with labels asks for them, so the auxiliary loss is checked too.
-    """
-    from transformers.loss.loss_utils import ForCausalLMLoss
+    plain: Callable[..., Any]
+    signature: Any  # inspect's ordered mapping of the forward's parameters
+    takes_kwargs: bool
+    aux: str | None  # the MoE auxiliary-loss coefficient's attribute, where the forward adds that loss
 
+
+@dataclasses.dataclass
+class _ProbeRun:
+    """One probe run's outputs: without labels, with labels, with router logits; lm_head's calls; the stub's calls."""
+
+    bare: Any
+    labelled: Any
+    routed: Any
+    heads: list[tuple[torch.Tensor, torch.Tensor]]
+    calls: list[dict[str, Any]]
+
+
+def _head_forward(module: nn.Module) -> _HeadForward | str:
+    """The forward's parameters and MoE auxiliary loss, or why it is not a head over a base model's hidden states."""
     plain = plain_class_forward(module)
     names = frozenset(plain.__code__.co_names)
     missing = sorted(_REQUIRED - names)
     if missing:
         return f"forward does not use {missing}; it is not a head over a base model's hidden states"
     signature = inspect.signature(plain).parameters
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.values())
     if "labels" not in signature:
         return "forward takes no labels"
     aux = None
@@ -201,25 +214,53 @@ def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
             return ("forward adds an MoE load-balancing loss from settings the fused path does not know (no "
                     f"{' / '.join(_AUX_COEFFICIENTS)}, num_experts and num_experts_per_tok attributes, or no "
                     "output_router_logits argument)")
-    lm_head = module.lm_head
-    weight = lm_head.weight
-    vocab, width = full_shape(weight)
-    dtype = param_dtype(lm_head) or weight.dtype
-    device = weight.device
-    if device.type == "meta":
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.values())
+    return _HeadForward(plain, signature, takes_kwargs, aux)
+
+
+def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
+    """The match's parameters from probing the forward around a stub base model, or what differs from the math.
+
+    Two runs (without labels, with labels), in eval and in training behaviour; the hidden states are random, the
+    labels a permutation of the probe's token ids. Where the forward calls ``load_balancing_loss_func``, the stub
+    also returns router logits and the run with labels asks for them, so the auxiliary loss is checked too.
+    """
+    head = _head_forward(module)
+    if isinstance(head, str):
+        return head
+    weight = module.lm_head.weight
+    if weight.device.type == "meta":
         return "parameters are on the meta device; the math cannot be verified"
-    gen = ctx.generator(device)
-    hidden = ctx.randn(1, _PROBE_TOKENS, width, device=device, dtype=dtype, gen=gen)
+    vocab, width = full_shape(weight)
+    dtype = param_dtype(module.lm_head) or weight.dtype
+    gen = ctx.generator(weight.device)
+    hidden = ctx.randn(1, _PROBE_TOKENS, width, device=weight.device, dtype=dtype, gen=gen)
     router = None
-    if aux is not None:
-        router = tuple(ctx.randn(_PROBE_TOKENS, max(module.num_experts, 1), device=device, dtype=dtype, gen=gen)
-                       for _ in range(2))
-    ids = torch.arange(_PROBE_TOKENS, device=device)[None] % vocab
-    labels = ids.flip(-1)
-    mask = torch.ones_like(ids)
-    handed = {"input_ids": ids, "attention_mask": mask} if takes_kwargs or "attention_mask" in signature else {
-        "input_ids": ids}
-    flags = {"output_router_logits": False} if "output_router_logits" in signature else {}
+    if head.aux is not None:
+        router = tuple(ctx.randn(_PROBE_TOKENS, max(module.num_experts, 1), device=weight.device, dtype=dtype,
+                                 gen=gen) for _ in range(2))
+    ids = torch.arange(_PROBE_TOKENS, device=weight.device)[None] % vocab
+    handed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if (
+        head.takes_kwargs or "attention_mask" in head.signature) else {"input_ids": ids}
+    runs = _probe_runs(module, ctx, head, hidden, router, handed, labels=ids.flip(-1))
+    if isinstance(runs, str):
+        return runs
+    found: dict[str, Any] = {}
+    for run in runs:
+        verdict = _read_run(module, head, run, hidden, router, handed, labels=ids.flip(-1), dtype=dtype)
+        if isinstance(verdict, str):
+            return verdict
+        if found and found != verdict:
+            return "the forward's math differs between eval and training behaviour"
+        found = verdict
+    return found
+
+
+def _probe_runs(module: nn.Module, ctx: MatchContext, head: _HeadForward, hidden: torch.Tensor,
+                router: tuple[torch.Tensor, ...] | None, handed: dict[str, torch.Tensor], *,
+                labels: torch.Tensor) -> list[_ProbeRun] | str:
+    """The forward's runs around a stub base model returning ``hidden`` (in eval and training behaviour)."""
+    flags = {"output_router_logits": False} if "output_router_logits" in head.signature else {}
     stub = _StubModel(hidden, router)
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -228,93 +269,114 @@ def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
 
     forward = ctx.original_forward(module)
 
-    def run() -> tuple[Any, ...]:
+    def run() -> _ProbeRun:
         seen.clear()
         stub.calls.clear()
         bare = forward(**handed, **flags)
         labelled = forward(**handed, **flags, labels=labels)
-        routed = forward(**handed, output_router_logits=True, labels=labels) if aux is not None else None
-        return bare, labelled, routed, list(seen), list(stub.calls)
+        routed = forward(**handed, output_router_logits=True, labels=labels) if head.aux is not None else None
+        return _ProbeRun(bare, labelled, routed, list(seen), list(stub.calls))
 
     saved = module._modules["model"]
-    hook = lm_head.register_forward_hook(capture)
+    hook = module.lm_head.register_forward_hook(capture)
     try:
         module._modules["model"] = stub
-        runs = ctx.run_probe(module, run)
+        return list(ctx.run_probe(module, run))
     except Exception as exc:  # noqa: BLE001 - a forward that needs more of its base model: left alone
         return f"probe of the forward around a stub base model raised {type(exc).__name__}: {exc}"
     finally:
         module._modules["model"] = saved
         hook.remove()
-    found: dict[str, Any] = {}
-    for bare, labelled, routed, heads, calls in runs:
-        logits = getattr(bare, "logits", None)
-        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != ids.shape:
-            return "forward returns no logits of shape [batch, tokens, vocab]"
-        if len(heads) != (3 if aux is not None else 2) or not all(h[0].shape == hidden.shape for h in heads):
-            return f"lm_head ran {len(heads)} times over the probe's runs, not once per forward on every token"
-        for call in calls:
-            if call["*args"] or any(call.get(k) is not v for k, v in handed.items()):
-                return "forward does not hand its input_ids and attention_mask on to the base model as keywords"
-            odd = sorted(k for k, v in call.items() if k != "*args" and k not in handed and k not in _FLAGS
-                         and k not in _CACHE_NAMES and v is not None)
-            if odd:
-                return f"forward hands {odd} to the base model, which the fused path would not"
-        head_in, head_out = heads[0]
-        if head_in is hidden or torch.equal(head_in, hidden):
-            into = None
+
+
+def _read_run(module: nn.Module, head: _HeadForward, run: _ProbeRun, hidden: torch.Tensor,
+              router: tuple[torch.Tensor, ...] | None, handed: dict[str, torch.Tensor], *, labels: torch.Tensor,
+              dtype: torch.dtype) -> dict[str, Any] | str:
+    """The scale, divisor or soft-cap one run shows between the hidden states, lm_head and the logits, or what
+    differs from the fused path's math."""
+    logits = getattr(run.bare, "logits", None)
+    if not isinstance(logits, torch.Tensor) or logits.shape[:2] != handed["input_ids"].shape:
+        return "forward returns no logits of shape [batch, tokens, vocab]"
+    problem = _calls_problem(run, hidden, handed, expected_heads=3 if head.aux is not None else 2)
+    if problem is not None:
+        return problem
+    head_in, head_out = run.heads[0]
+    into = None
+    if not (head_in is hidden or torch.equal(head_in, hidden)):
+        into = _find_scalar(hidden, head_in, module, dtype)
+        if into is None:
+            return ("lm_head does not receive the base model's hidden states, nor those times or over a "
+                    "configuration value: they are transformed in a way the fused path cannot reproduce")
+    scale = softcap = None
+    if not torch.equal(logits, head_out):
+        cap = getattr(module.config, "final_logit_softcapping", None)
+        if isinstance(cap, (int, float)) and cap > 0 and _same(logits, torch.tanh(head_out / cap) * cap, dtype):
+            softcap = float(cap)
         else:
-            into = _find_scalar(hidden, head_in, module, dtype)
-            if into is None:
-                return ("lm_head does not receive the base model's hidden states, nor those times or over a "
-                        "configuration value: they are transformed in a way the fused path cannot reproduce")
-        scale = softcap = None
-        if not torch.equal(logits, head_out):
-            cap = getattr(module.config, "final_logit_softcapping", None)
-            if isinstance(cap, (int, float)) and cap > 0 and _same(
-                    logits, torch.tanh(head_out / cap) * cap, dtype):
-                softcap = float(cap)
-            else:
-                scale = _find_scalar(head_out, logits, module, dtype)
-                if scale is None:
-                    err = rel_error(logits.float(), head_out.float()) if logits.shape == head_out.shape else None
-                    by = f" (rel. difference {err:.1e})" if err is not None else ""
-                    return ("the logits it returns are not lm_head's output, nor that times or over a configuration "
-                            f"value, nor soft-capped by final_logit_softcapping{by}: they are post-processed in a "
-                            "way the fused kernel cannot reproduce")
+            scale = _find_scalar(head_out, logits, module, dtype)
+            if scale is None:
+                err = rel_error(logits.float(), head_out.float()) if logits.shape == head_out.shape else None
+                by = f" (rel. difference {err:.1e})" if err is not None else ""
+                return ("the logits it returns are not lm_head's output, nor that times or over a configuration "
+                        f"value, nor soft-capped by final_logit_softcapping{by}: they are post-processed in a "
+                        "way the fused kernel cannot reproduce")
+    problem = _loss_problem(module, head, run, logits, router, handed, labels=labels)
+    if problem is not None:
+        return problem
+    output = type(run.bare)
+    if head.plain.__globals__.get(output.__name__) is not output or not dataclasses.is_dataclass(output):
+        return f"forward returns a {output.__name__}, not a transformers ModelOutput its module names"
+    return {"into": into, "scale": scale, "softcap": softcap, "aux": head.aux, "output": output.__name__,
+            "router_flag": "output_router_logits" in head.signature}
+
+
+def _calls_problem(run: _ProbeRun, hidden: torch.Tensor, handed: dict[str, torch.Tensor], *,
+                   expected_heads: int) -> str | None:
+    """What in lm_head's calls or the base model's arguments the fused path would not reproduce, if anything."""
+    if len(run.heads) != expected_heads or not all(h[0].shape == hidden.shape for h in run.heads):
+        return f"lm_head ran {len(run.heads)} times over the probe's runs, not once per forward on every token"
+    for call in run.calls:
+        if call["*args"] or any(call.get(k) is not v for k, v in handed.items()):
+            return "forward does not hand its input_ids and attention_mask on to the base model as keywords"
+        odd = sorted(k for k, v in call.items() if k != "*args" and k not in handed and k not in _FLAGS
+                     and k not in _CACHE_NAMES and v is not None)
+        if odd:
+            return f"forward hands {odd} to the base model, which the fused path would not"
+    return None
+
+
+def _loss_problem(module: nn.Module, head: _HeadForward, run: _ProbeRun, logits: torch.Tensor,
+                  router: tuple[torch.Tensor, ...] | None, handed: dict[str, torch.Tensor], *,
+                  labels: torch.Tensor) -> str | None:
+    """How the returned loss differs from ForCausalLMLoss of the logits (plus the MoE auxiliary loss), if it does."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    def own_logits(output: Any) -> torch.Tensor:
         # The logits of the same call: a second forward may differ from the first by dropout (a PEFT LoRA adapter
         # on lm_head, in training mode).
-        own = getattr(labelled, "logits", None)
-        own = own if isinstance(own, torch.Tensor) and own.shape == logits.shape else logits
-        expected = ForCausalLMLoss(own, labels, vocab_size=own.shape[-1])
-        loss = getattr(labelled, "loss", None)
-        if not (isinstance(loss, torch.Tensor) and _same(loss, expected, torch.float32)):
-            return ("the loss it returns is not transformers' ForCausalLMLoss of the logits it returns (another "
-                    "reduction, or an extra term)")
-        if aux is not None:
-            balance = plain.__globals__["load_balancing_loss_func"]
-            try:
-                term = balance(router, module.num_experts, module.num_experts_per_tok, mask)
-            except Exception as exc:  # noqa: BLE001 - a family's own routing (Doge's product keys)
-                return (f"its load_balancing_loss_func takes router logits of another form than [tokens, experts] "
-                        f"({type(exc).__name__}: {exc}); the fused path could not reproduce the auxiliary loss")
-            routed_loss = getattr(routed, "loss", None)
-            routed_logits = getattr(routed, "logits", None)
-            base = expected if not isinstance(routed_logits, torch.Tensor) or routed_logits.shape != own.shape else (
-                ForCausalLMLoss(routed_logits, labels, vocab_size=own.shape[-1]))
-            want = base + getattr(module, aux) * term.to(expected.device)
-            if not (isinstance(routed_loss, torch.Tensor) and _same(routed_loss, want, torch.float32)):
-                return (f"with router logits, the loss it returns is not ForCausalLMLoss + {aux} * "
-                        "load_balancing_loss_func(router_logits, num_experts, num_experts_per_tok, attention_mask)")
-        output = type(bare)
-        if plain.__globals__.get(output.__name__) is not output or not dataclasses.is_dataclass(output):
-            return f"forward returns a {output.__name__}, not a transformers ModelOutput its module names"
-        verdict = {"into": into, "scale": scale, "softcap": softcap, "aux": aux, "output": output.__name__,
-                   "router_flag": "output_router_logits" in signature}
-        if found and found != verdict:
-            return "the forward's math differs between eval and training behaviour"
-        found = verdict
-    return found
+        mine = getattr(output, "logits", None)
+        return mine if isinstance(mine, torch.Tensor) and mine.shape == logits.shape else logits
+
+    expected = ForCausalLMLoss(own_logits(run.labelled), labels, vocab_size=logits.shape[-1])
+    loss = getattr(run.labelled, "loss", None)
+    if not (isinstance(loss, torch.Tensor) and _same(loss, expected, torch.float32)):
+        return ("the loss it returns is not transformers' ForCausalLMLoss of the logits it returns (another "
+                "reduction, or an extra term)")
+    if head.aux is None:
+        return None
+    balance = head.plain.__globals__["load_balancing_loss_func"]
+    try:
+        term = balance(router, module.num_experts, module.num_experts_per_tok, torch.ones_like(handed["input_ids"]))
+    except Exception as exc:  # noqa: BLE001 - a family's own routing (Doge's product keys)
+        return (f"its load_balancing_loss_func takes router logits of another form than [tokens, experts] "
+                f"({type(exc).__name__}: {exc}); the fused path could not reproduce the auxiliary loss")
+    base = ForCausalLMLoss(own_logits(run.routed), labels, vocab_size=logits.shape[-1])
+    want = base + getattr(module, head.aux) * term.to(base.device)
+    routed_loss = getattr(run.routed, "loss", None)
+    if not (isinstance(routed_loss, torch.Tensor) and _same(routed_loss, want, torch.float32)):
+        return (f"with router logits, the loss it returns is not ForCausalLMLoss + {head.aux} * "
+                "load_balancing_loss_func(router_logits, num_experts, num_experts_per_tok, attention_mask)")
+    return None
 
 
 def match_causal_lm(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
@@ -477,72 +539,59 @@ def _partitioned_head(lm_head: nn.Module, how: object) -> str | None:
     return None
 
 
-def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
-    """Fused path in training with labels; the original forward (with logits) everywhere else."""
-    original = type(module).forward.__get__(module, type(module))
-    softcap = match.params["softcap"]
-    logit_scale = match.params.get("logit_scale")
-    # Kernels of the "standard" and "softcap" variants predate the logit_scale argument: it is passed only when set.
-    scaled = {} if logit_scale is None else {"logit_scale": logit_scale}
-    hidden_op = match.params.get("hidden_op")
-    aux = match.params.get("aux")
-    plain = plain_class_forward(module)
-    namespace = plain.__globals__
-    output_class = namespace[match.params["output"]]
-    fields = {f.name for f in dataclasses.fields(output_class)}
-    # The forward's own parameter names, in order (the cache one spelled as this transformers spells it).
-    arg_names = plain.__code__.co_varnames[1: plain.__code__.co_argcount]
-    cache = cache_keyword(plain)
-    materialize = bool(options.get("materialize_logits", False))
-    warned: set[str] = set()  # fallback reasons already warned about, for this binding
+@dataclasses.dataclass(frozen=True)
+class _FusedHead:
+    """What the fused forward of one ``*ForCausalLM`` module needs, read once at binding time."""
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > len(arg_names) or any(n in kwargs for n in arg_names[: len(args)]):
-            return original(*args, **kwargs)  # raises the forward's own TypeError
-        call = {**dict(zip(arg_names, args, strict=False)), **kwargs}
-        if cache != "past_key_values" and "past_key_values" in call:
+    module: nn.Module
+    original: Callable[..., Any]  # the module's own forward, bound
+    impl: Callable[..., Any]
+    softcap: float | None
+    scaled: dict[str, float]  # {"logit_scale": s} for the scaled variant, else empty
+    hidden_op: tuple[str, float] | None
+    aux: str | None
+    namespace: dict[str, Any]  # the forward's module globals (its output class, load_balancing_loss_func)
+    output_class: type
+    fields: frozenset[str]
+    arg_names: tuple[str, ...]  # the forward's own parameter names, in order
+    cache: str  # the cache keyword as this transformers spells it
+    router_flag: bool
+    warned: set[str]  # fallback reasons already warned about, for this binding
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The call's arguments by name, or None where they do not bind (the forward then raises its own error)."""
+        if len(args) > len(self.arg_names) or any(n in kwargs for n in self.arg_names[: len(args)]):
+            return None
+        call = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+        if self.cache != "past_key_values" and "past_key_values" in call:
             # What transformers' deprecation wrapper does for the old keyword, minus its warning.
             old = call.pop("past_key_values")
-            call.setdefault(cache, old)
-        labels = call.pop("labels", None)
-        logits_to_keep = call.pop("logits_to_keep", 0)
-        fused = (
-            labels is not None and module.training and torch.is_grad_enabled() and not materialize
-            and isinstance(logits_to_keep, int) and logits_to_keep == 0
-        )
-        if not fused:
-            return original(*args, **kwargs)
-        # lm_head as it is now: PEFT may have wrapped it after kernelize (LoRA, modules_to_save), and its .weight
-        # would then be the frozen base layer's; a head the kernel cannot reproduce runs the model's own forward.
-        head = linear_operands(module.lm_head, hooks=False)
-        if isinstance(head, str):
-            if head not in warned:
-                warned.add(head)
-                warnings.warn(f"kernels-core: the fused causal-LM loss of {type(module).__name__} falls back to the "
-                              f"model's own forward (full logits) for this model: {head}", KernelFallbackWarning,
-                              stacklevel=2)
-            return original(*args, **kwargs)
-        lm_head = module.lm_head
-        how = access(lm_head, lm_head._parameters.get("weight"))
-        routed = _partitioned_head(lm_head, how)
-        if routed is not None:
-            if routed not in warned:
-                warned.add(routed)
-                warnings.warn(f"kernels-core: the fused causal-LM loss of {type(module).__name__} falls back to the "
-                              f"model's own forward (full logits): {routed}", KernelFallbackWarning, stacklevel=2)
-            return original(*args, **kwargs)
+            call.setdefault(self.cache, old)
+        return call
+
+    def fallback(self, reason: str) -> None:
+        """Warn, once per reason for this binding, that this call runs the model's own forward."""
+        if reason not in self.warned:
+            self.warned.add(reason)
+            warnings.warn(f"kernels-core: the fused causal-LM loss of {type(self.module).__name__} falls back to "
+                          f"the model's own forward (full logits): {reason}", KernelFallbackWarning, stacklevel=3)
+
+    def loss(self, call: dict[str, Any], labels: torch.Tensor, head: Any, how: object) -> Any:
+        """The base model's forward, then the fused loss over lm_head's operands, as the model's output class."""
+        module, lm_head = self.module, self.module.lm_head
         return_dict = call.pop("return_dict", None)
         output_router_logits = False
-        if match.params.get("router_flag"):
+        if self.router_flag:
             if call.get("output_router_logits") is None:
                 call["output_router_logits"] = module.config.output_router_logits
             output_router_logits = call["output_router_logits"]
-        call["use_cache"] = _use_cache(module.model, call, cache)
+        call["use_cache"] = _use_cache(module.model, call, self.cache)
         outputs = module.model(**call)
         hidden = outputs.last_hidden_state
-        if hidden_op is not None:
+        if self.hidden_op is not None:
             # As the forward does it, in the model's dtype (MiniCPM: h / (hidden_size / dim_model_base)).
-            hidden = hidden * hidden_op[1] if hidden_op[0] == "mul" else hidden / hidden_op[1]
+            op, value = self.hidden_op
+            hidden = hidden * value if op == "mul" else hidden / value
         ignore_index = call.get("ignore_index", -100)
         shift_labels = call.get("shift_labels")
         if shift_labels is None:
@@ -553,34 +602,64 @@ def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], o
             require_whole(lm_head.weight, "lm_head.weight")
             require_whole(lm_head.bias, "lm_head.bias")
         rows, weight, bias = head(inputs[0])
-        loss = impl(
-            rows,
-            weight,
-            shift_labels.reshape(-1).to(hidden.device),
-            bias=bias,
-            ignore_index=ignore_index,
-            num_items_in_batch=call.get("num_items_in_batch"),
-            softcap=softcap,
-            **scaled,
-        )
+        loss = self.impl(rows, weight, shift_labels.reshape(-1).to(hidden.device), bias=bias,
+                         ignore_index=ignore_index, num_items_in_batch=call.get("num_items_in_batch"),
+                         softcap=self.softcap, **self.scaled)
         if how == HOOKS:
             loss = exit_forward(lm_head, inputs, loss)
         extra: dict[str, Any] = {}
-        if aux is not None:
+        if self.aux is not None:
             aux_loss = None
             if output_router_logits:
-                aux_loss = namespace["load_balancing_loss_func"](
-                    outputs.router_logits, module.num_experts, module.num_experts_per_tok, call.get("attention_mask")
-                )
-                loss = loss + getattr(module, aux) * aux_loss.to(loss.device)
+                aux_loss = self.namespace["load_balancing_loss_func"](
+                    outputs.router_logits, module.num_experts, module.num_experts_per_tok, call.get("attention_mask"))
+                loss = loss + getattr(module, self.aux) * aux_loss.to(loss.device)
             extra["aux_loss"] = aux_loss
         # The output class the forward returns, its other fields (router logits, ...) from the base model's output.
-        for field in ("hidden_states", "attentions", "router_logits", cache):
-            if field in fields and field not in extra:
+        for field in ("hidden_states", "attentions", "router_logits", self.cache):
+            if field in self.fields and field not in extra:
                 extra[field] = getattr(outputs, field, None)
-        result = output_class(loss=loss, logits=None, **{k: v for k, v in extra.items() if k in fields})
+        result = self.output_class(loss=loss, logits=None, **{k: v for k, v in extra.items() if k in self.fields})
         return result.to_tuple() if return_dict is False else result
 
+
+def adapt_causal_lm(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
+    """Fused path in training with labels; the original forward (with logits) everywhere else."""
+    plain = plain_class_forward(module)
+    logit_scale = match.params.get("logit_scale")
+    output_class = plain.__globals__[match.params["output"]]
+    fused = _FusedHead(
+        module=module, original=type(module).forward.__get__(module, type(module)), impl=impl,
+        softcap=match.params["softcap"],
+        # Kernels of the "standard" and "softcap" variants predate logit_scale: it is passed only when set.
+        scaled={} if logit_scale is None else {"logit_scale": logit_scale},
+        hidden_op=match.params.get("hidden_op"), aux=match.params.get("aux"), namespace=plain.__globals__,
+        output_class=output_class, fields=frozenset(f.name for f in dataclasses.fields(output_class)),
+        arg_names=plain.__code__.co_varnames[1: plain.__code__.co_argcount], cache=cache_keyword(plain),
+        router_flag=bool(match.params.get("router_flag")), warned=set())
+    materialize = bool(options.get("materialize_logits", False))
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        call = fused.arguments(args, kwargs)
+        if call is None:
+            return fused.original(*args, **kwargs)  # raises the forward's own TypeError
+        labels = call.pop("labels", None)
+        logits_to_keep = call.pop("logits_to_keep", 0)
+        if not (labels is not None and module.training and torch.is_grad_enabled() and not materialize
+                and isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            return fused.original(*args, **kwargs)
+        # lm_head as it is now: PEFT may have wrapped it after kernelize (LoRA, modules_to_save), and its .weight
+        # would then be the frozen base layer's; a head the kernel cannot reproduce runs the model's own forward.
+        head = linear_operands(module.lm_head, hooks=False)
+        if isinstance(head, str):
+            fused.fallback(head)
+            return fused.original(*args, **kwargs)
+        how = access(module.lm_head, module.lm_head._parameters.get("weight"))
+        routed = _partitioned_head(module.lm_head, how)
+        if routed is not None:
+            fused.fallback(routed)
+            return fused.original(*args, **kwargs)
+        return fused.loss(call, labels, head, how)
 
     def runtime_problem() -> str | None:
         # What get_report says of this binding now: the per-call routes above that depend on the model, not on the

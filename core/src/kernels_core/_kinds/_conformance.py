@@ -70,6 +70,9 @@ _TINY: dict[str, int] = {
     # State-space layers (Bamba, Falcon-H1): transformers' reference scan (no mamba_ssm on a CPU) holds
     # heads x chunk x chunk x state intermediates; the defaults (128 x 256 x 256 x 256) take 17 GB in 5.6.
     "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_chunk_size": 32, "mamba_d_ssm": 128,
+    # Families that count their layers as num_layers (EXAONE, LongCat-Flash, whose transformers 5.6 configuration
+    # also keeps num_hidden_layers) and name their feed-forward widths their own way.
+    "num_layers": 2, "ffn_hidden_size": 96, "expert_ffn_hidden_size": 32,
 }
 _UNSET: dict[str, int] = {"num_experts_per_tok": 2}
 
@@ -104,6 +107,8 @@ def tiny_family_causal_lm(model_type: str, *, seed: int = 0, dtype: torch.dtype 
         settings["num_hidden_layers"] = layers
     for key, value in per_layer.items():
         settings[key] = _representative(value, layers)
+    if "num_layers" in settings:  # the same count under the family's own name
+        settings["num_layers"] = settings.get("num_hidden_layers", layers)
     if "kv_lora_rank" in settings:  # multi-head latent attention: every head has its own keys
         settings["num_key_value_heads"] = settings.get("num_attention_heads", 4)
     for token, value in (("pad_token_id", 0), ("bos_token_id", 1), ("eos_token_id", 2)):

@@ -221,9 +221,9 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
     if isinstance(arguments, str):
         raise TypeError(f"{type(module).__name__}: {arguments}")
     names, defaults = arguments.positional, dict(arguments.defaults)
-    fused, attention_norm, mlp_norm, mlp = layout.fused, layout.attention_norm, layout.mlp_norm, layout.mlp
-    multiplier, shared_mlp, mlp_tuple = layout.multiplier, layout.shared_mlp, layout.mlp_tuple
-    attention_dropout, mlp_dropout, input_norm = layout.attention_dropout, layout.mlp_dropout, layout.input_norm
+    fused, attention_norm, input_norm, multiplier = layout.fused, layout.attention_norm, layout.input_norm, (
+        layout.multiplier)
+    attention_dropout = layout.attention_dropout
     # The kernel reads the fused norm's weight without calling it. A module put in the norm's place after
     # kernelize (an unknown wrapper, fully_shard of the norm alone) would be bypassed: then the layer runs its own
     # forward, checked at every call (a type test). PEFT's modules_to_save runs a trainable copy of the norm, whose
@@ -259,43 +259,53 @@ def _fused_forward(module: nn.Module, impl: Callable[..., Any], *, eps: float, o
         if multiplier is not None:
             # As the layer computes it (residual + h * m): the product rounded in the activations' dtype, then added.
             hidden_states = hidden_states * getattr(self, multiplier)
-        # The kernel reads the norm's weight without calling the norm. Under DeepSpeed ZeRO-3 it runs between the
-        # norm's own hooks, which gather the weight; where only calling the norm would gather it (hooks of another
-        # origin too, or none), the norm module is called as the template does.
-        weight = norm._parameters.get("weight")
-        how = access(norm, weight)
-        if how == MODULE:
-            hidden_states = residual + hidden_states
-            residual = hidden_states
-            hidden_states = norm(hidden_states)
-        else:
-            if weight is None:  # a weight replaced by a plain tensor is found through the attribute
-                weight = norm.weight
-            inputs: tuple[Any, ...] = (hidden_states,)
-            if how == HOOKS:
-                inputs = enter_forward(norm, inputs)
-                require_whole(weight, f"{fused}.weight")
-            hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
-            if how == HOOKS:
-                hidden_states = exit_forward(norm, inputs, hidden_states)
-        normed = hidden_states
-        hidden_states = self._modules[mlp](normed)
-        if mlp_tuple:
-            hidden_states, _ = hidden_states
-        shared = self._modules.get(shared_mlp) if shared_mlp is not None else None
-        if shared is not None:  # as the layer does: the shared experts' output added to the routed ones'
-            hidden_states = hidden_states + shared(normed)
-        if mlp_norm is not None:
-            hidden_states = self._modules[mlp_norm](hidden_states)
-        if mlp_dropout is not None:
-            hidden_states = self._modules[mlp_dropout](hidden_states)
-        if multiplier is not None:
-            hidden_states = hidden_states * getattr(self, multiplier)
-        return residual + hidden_states
+        normed, residual = _add_and_norm(norm, impl, hidden_states, residual, name=fused, eps=eps, offset=offset,
+                                         casting=casting)
+        return residual + _mlp_branch(self, layout, normed)
 
     # Decorators around the class forward (transformers 5 checkpoints activations inside one, and renames
     # deprecated keywords in another) are re-created around the fused forward, so what they do stays exact.
     return rewrap(type(module).forward, forward).__get__(module, type(module))
+
+
+def _add_and_norm(norm: nn.Module, impl: Callable[..., Any], hidden_states: torch.Tensor, residual: torch.Tensor, *,
+                  name: str, eps: float, offset: float, casting: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm(residual + hidden_states)`` and that sum, by the kernel where it can read the norm's weight."""
+    # The kernel reads the norm's weight without calling the norm. Under DeepSpeed ZeRO-3 it runs between the
+    # norm's own hooks, which gather the weight; where only calling the norm would gather it (hooks of another
+    # origin too, or none), the norm module is called as the template does.
+    weight = norm._parameters.get("weight")
+    how = access(norm, weight)
+    if how == MODULE:
+        residual = residual + hidden_states
+        return norm(residual), residual
+    if weight is None:  # a weight replaced by a plain tensor is found through the attribute
+        weight = norm.weight
+    inputs: tuple[Any, ...] = (hidden_states,)
+    if how == HOOKS:
+        inputs = enter_forward(norm, inputs)
+        require_whole(weight, f"{name}.weight")
+    hidden_states, residual = impl(inputs[0], residual, weight, eps=eps, offset=offset, casting=casting)
+    if how == HOOKS:
+        hidden_states = exit_forward(norm, inputs, hidden_states)
+    return hidden_states, residual
+
+
+def _mlp_branch(layer: nn.Module, layout: Layout, normed: torch.Tensor) -> torch.Tensor:
+    """The feed-forward branch after the fused norm, as the layer computes it, before its residual add."""
+    hidden_states = layer._modules[layout.mlp](normed)
+    if layout.mlp_tuple:
+        hidden_states, _ = hidden_states
+    shared = layer._modules.get(layout.shared_mlp) if layout.shared_mlp is not None else None
+    if shared is not None:  # as the layer does: the shared experts' output added to the routed ones'
+        hidden_states = hidden_states + shared(normed)
+    if layout.mlp_norm is not None:
+        hidden_states = layer._modules[layout.mlp_norm](hidden_states)
+    if layout.mlp_dropout is not None:
+        hidden_states = layer._modules[layout.mlp_dropout](hidden_states)
+    if layout.multiplier is not None:
+        hidden_states = hidden_states * getattr(layer, layout.multiplier)
+    return hidden_states
 
 
 def adapt_residual_rms_norm(module: nn.Module, match: Match, impl: Callable[..., Any],

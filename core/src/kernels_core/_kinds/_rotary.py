@@ -219,14 +219,8 @@ def _never_called(module: nn.Module, ctx: MatchContext, global_name: str, dtype:
     return not calls
 
 
-def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
-    global_name = _called_name(module)
-    if isinstance(global_name, Decline):
-        return global_name
-    blocker = reroute_blocker(module, global_name)
-    if blocker:
-        return Decline("rotary_embedding", blocker)
-    fn = plain_class_forward(module).__globals__[global_name]
+def _head_and_rotary_dims(module: nn.Module, ctx: MatchContext) -> tuple[int, int] | Decline:
+    """The attention's head dim and the rotated part of it, from the model's one rotary embedding."""
     dims = ctx.rotary_dims()
     if len(dims) != 1:
         return Decline("rotary_embedding",
@@ -238,6 +232,21 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
         head_dim = rotary_dim
     if rotary_dim > head_dim or rotary_dim % 2:
         return Decline("rotary_embedding", f"rotary dim {rotary_dim} does not fit head_dim {head_dim}")
+    return head_dim, rotary_dim
+
+
+def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
+    global_name = _called_name(module)
+    if isinstance(global_name, Decline):
+        return global_name
+    blocker = reroute_blocker(module, global_name)
+    if blocker:
+        return Decline("rotary_embedding", blocker)
+    fn = plain_class_forward(module).__globals__[global_name]
+    dims = _head_and_rotary_dims(module, ctx)
+    if isinstance(dims, Decline):
+        return dims
+    head_dim, rotary_dim = dims
     dtype = param_dtype(module) or torch.float32
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else torch.device("cpu")
     if device.type == "meta":

@@ -64,6 +64,30 @@ def chunk_rows(num_tokens: int, vocab_size: int, *, memory_budget: int = DEFAULT
     return min(rows, num_tokens)
 
 
+def _float32_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, logit_scale: float | None,
+                    softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's float32 logits as eager computes them, and ``tanh(logits / softcap)`` where soft-capped.
+
+    Example:
+        >>> logits, tanh = _float32_logits(torch.ones(2, 3), torch.ones(4, 3), None, logit_scale=0.5, softcap=None)
+        >>> logits.dtype, logits[0, 0].item(), tanh
+        (torch.float32, 1.5, None)
+    """
+    # Same op and dtype as eager `lm_head(hidden)`, then the same float32 upcast as ForCausalLMLoss.
+    logits = F.linear(h, weight, bias)
+    if logit_scale is not None:
+        # Command-R's multiplier, Granite's divisor (as 1 / logits_scaling): in the logits' dtype, before the upcast,
+        # as eager scales them, so half-precision logits get eager's rounding of the product (in place: no second
+        # chunk of logits).
+        logits.mul_(logit_scale)
+    logits = logits.float()
+    tanh = None
+    if softcap is not None:
+        tanh = torch.tanh(logits.div_(softcap))
+        logits = torch.mul(tanh, softcap, out=logits)
+    return logits, tanh
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """Loss and both input gradients computed chunk by chunk in forward; backward only rescales them."""
 
@@ -107,18 +131,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, num_tokens, rows_per_chunk):
             stop = min(start + rows_per_chunk, num_tokens)
             h = hidden[start:stop]
-            # Same op and dtype as eager `lm_head(hidden)`, then the same float32 upcast as ForCausalLMLoss.
-            logits = F.linear(h, weight, bias)
-            if logit_scale is not None:
-                # Command-R's multiplier, Granite's divisor (as 1 / logits_scaling): in the logits' dtype, before the
-                # upcast, as eager scales them, so half-precision logits get eager's rounding of the product (in
-                # place: no second chunk of logits).
-                logits.mul_(logit_scale)
-            logits = logits.float()
-            tanh = None
-            if softcap is not None:
-                tanh = torch.tanh(logits.div_(softcap))
-                logits = torch.mul(tanh, softcap, out=logits)
+            logits, tanh = _float32_logits(h, weight, bias, logit_scale=logit_scale, softcap=softcap)
             target_logit = logits.gather(1, targets[start:stop])
             # logsumexp by hand, in place: the exponentials are reused as the softmax numerator, so one
             # [chunk, V] float32 buffer serves the loss and the gradient.
