@@ -1,6 +1,6 @@
 """Packages import each other's public names only: no ``kernels_core._*`` import outside ``core/`` (private modules
-may change in any release). ``triton-adapters/tests/test_no_private_imports.py`` does the same for
-``kernels_triton._*``, ``kernels_cuda._*``, ``kernels_rocm._*`` and ``kernels_npu._*``, strings and Markdown
+may change in any release). ``triton-adapters/tests/test_no_private_imports.py`` does the same for the
+private modules of ``kernels_triton``, ``kernels_cuda``, ``kernels_rocm`` and ``kernels_npu``, strings and Markdown
 included."""
 
 from __future__ import annotations

@@ -3,11 +3,13 @@ examples and the docs' code go through each package's public modules (``kernels_
 ``kernels_cuda``, ``kernels_cuda.ops``, ``kernels_rocm``, ``kernels_npu``; ``kernels_core``'s own check is
 ``core/tests/test_public_imports.py``).
 
-Read with ``ast`` from every Python file of the repository outside the package's own folder: imports (``import
-kernels_cuda._x``, ``from kernels_cuda._x import y``, ``from kernels_cuda import _x``), strings that name a private
-module or attribute (a kernel declaration's ``"kernels_triton._x:f"``, ``importlib.import_module`` or
-``find_spec`` arguments, f-strings included) and Python source held in strings (``python -c`` scripts, docstring
-examples). Markdown files are read too: their code blocks, and kernel references anywhere. There is no opt-out.
+Read with ``ast`` from every Python file of the repository outside the package's own folder: imports of a
+package's private module (``import <package>.<private>``, ``from <package>.<private> import y``, ``from <package>
+import <private>``, a private name being one that starts with an underscore), strings that name a private module or
+attribute (a kernel declaration's ``"<package>.<private>:f"``, ``importlib.import_module`` or ``find_spec``
+arguments, f-strings included) and Python source held in strings (``python -c`` scripts, docstring examples).
+Markdown files are read too: their code blocks, and kernel references anywhere. There is no opt-out, this file
+included: its samples spell the underscore as ``{P}`` and fill it in at run time.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"kernels_triton": "triton-adapters", "kernels_cuda": "plugins-cuda", "kernels_rocm": "plugins-rocm",
             "kernels_npu": "plugins-npu"}
 _NAMES = "|".join(PACKAGES)
+# A private name's leading underscore in the samples below, filled in at run time so this file names no private
+# module itself.
+P = "_"
+
+
 def _patterns(package: str) -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
-    """A private module path or reference at the start of a string (``"kernels_triton._rms_norm:rms_norm"``), an
+    """A private module path or reference at the start of a string (``"<package>.<private>:f"``), an
     import of a private module written in source text (scripts and examples held in strings, Markdown), and a
     kernel reference to a private module anywhere in text."""
     name = re.escape(package)
@@ -46,8 +53,6 @@ def _checked_files(suffix: str) -> Iterator[tuple[Path, tuple[str, ...]]]:
         relative = path.relative_to(REPO)
         # Hidden folders hold tool state and the A/B harness's copies of other trees (.nox, .git, .abtree).
         if any(part.startswith(".") or part in ("__pycache__", "build", "node_modules") for part in relative.parts):
-            continue
-        if path == Path(__file__).resolve():  # this check's own samples of what it finds
             continue
         yield path, tuple(package for package, home in PACKAGES.items() if relative.parts[0] != home)
 
@@ -108,37 +113,37 @@ pytestmark = pytest.mark.skipif(not (REPO / "plugins-cuda").is_dir(), reason="ne
 
 
 @pytest.mark.parametrize(("source", "found"), [
-    ("from kernels_triton import _rms_norm\n", True),
-    ("from kernels_triton import ops, _native\n", True),
-    ("import kernels_triton._warmup as w\n", True),
-    ("from kernels_triton._cpp_extension import status\n", True),
-    ("def f():\n    from kernels_triton import _loss\n", True),
-    ("impl = 'kernels_triton._native:rms_norm'\n", True),
-    ("impl = f'kernels_triton._experts:moe_experts_{variant}'\n", True),
-    ("find_spec('kernels_triton._cpp_extension')\n", True),
-    ("code = 'import sys; from kernels_triton import _gated; print(1)'\n", True),
-    ('def f():\n    """Example:\n        >>> from kernels_triton import _warmup\n    """\n', True),
+    (f"from kernels_triton import {P}rms_norm\n", True),
+    (f"from kernels_triton import ops, {P}native\n", True),
+    (f"import kernels_triton.{P}warmup as w\n", True),
+    (f"from kernels_triton.{P}cpp_extension import status\n", True),
+    (f"def f():\n    from kernels_triton import {P}loss\n", True),
+    (f"impl = 'kernels_triton.{P}native:rms_norm'\n", True),
+    (f"impl = f'kernels_triton.{P}experts:moe_experts_{{variant}}'\n", True),
+    (f"find_spec('kernels_triton.{P}cpp_extension')\n", True),
+    (f"code = 'import sys; from kernels_triton import {P}gated; print(1)'\n", True),
+    (f'def f():\n    """Example:\n        >>> from kernels_triton import {P}warmup\n    """\n', True),
     ("from kernels_triton import ops\nfrom kernels_triton.ops import rms_norm\n", False),
     # Other packages' samples are one line without a newline (or joined at run time): core's test of declared test
     # dependencies reads multi-line string constants as scripts, and triton-adapters does not depend on these.
-    ("from kernels_cuda import _ops", True),
-    ("import kernels_rocm._plugin", True),
-    ("from kernels_npu._rms_norm import npu_rms_norm", True),
-    ("impl = 'kernels_npu._swiglu:swiglu'", True),
+    (f"from kernels_cuda import {P}ops", True),
+    (f"import kernels_rocm.{P}plugin", True),
+    (f"from kernels_npu.{P}rms_norm import npu_rms_norm", True),
+    (f"impl = 'kernels_npu.{P}swiglu:swiglu'", True),
     ("\n".join(["from kernels_cuda import ops", "from kernels_cuda.ops import set_rms_norm_thresholds"]), False),
     ("from kernels_npu import detect_npu", False),
     ("impl = 'kernels_triton.ops:rms_norm'\n", False),
     ("from kernels_triton import liger_kernel_specs\n", False),
-    ('"""kernels-triton\'s ops, not kernels_triton._private"""\n', False),
+    (f'"""kernels-triton\'s ops, not kernels_triton.{P}private"""\n', False),
 ])
 def test_the_check_finds_private_uses(source, found):
     assert bool(list(_problems_in_python(source))) is found
 
 
 @pytest.mark.parametrize(("text", "found"), [
-    ("Use it:\n\n```python\nfrom kernels_triton import _rms_norm\n```\n", True),
-    ("Declare `impl=\"kernels_triton._native:rms_norm\"`.\n", True),
-    ("```python\nfrom kernels_cuda import _ops\n```\n", True),
+    (f"Use it:\n\n```python\nfrom kernels_triton import {P}rms_norm\n```\n", True),
+    (f"Declare `impl=\"kernels_triton.{P}native:rms_norm\"`.\n", True),
+    (f"```python\nfrom kernels_cuda import {P}ops\n```\n", True),
     ("```python\nfrom kernels_triton import ops\nops.rms_norm\n```\nPrivate modules such as `_rms_norm` hold them.\n",
      False),
 ])
