@@ -90,14 +90,13 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     data = [{"input_ids": (ids := torch.randint(0, vocab, (seq,), generator=g)), "labels": ids}
             for _ in range(batch * steps * world)]
     collator = None
-    if trl:
-        return run_trl(variant, model, data, callbacks, stamps, steps, warmup, output_dir, batch=batch, seq=seq,
-                       optimizer=optimizer)
-    if packing:
+    if packing or trl:
+        # The collator (TRL: its packing) builds the labels itself: the documents end to end, -100 at each one's
+        # first token.
+        data = [{"input_ids": example["input_ids"].tolist()} for example in data]
+    if packing and not trl:
         from transformers import DataCollatorWithFlattening
 
-        # The collator builds the labels itself: the documents end to end, -100 at each one's first token.
-        data = [{"input_ids": example["input_ids"].tolist()} for example in data]
         collator = DataCollatorWithFlattening()
     if lora is not None:
         model = with_lora(model, lora, output_dir)
@@ -116,13 +115,15 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
         layer_cls = type(model.model.layers[0]).__name__
         wrapping = dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2, "reshard_after_forward": True,
                                                          "transformer_layer_cls_to_wrap": [layer_cls]})
-    args = TrainingArguments(**wrapping, output_dir=output_dir, per_device_train_batch_size=batch, max_steps=steps,
-                             logging_steps=1, learning_rate=1e-5,
-                             optim="adamw_torch_fused" if optimizer == "fused" else "adamw_torch", bf16=True,
-                             report_to=[], save_strategy="no", seed=0, disable_tqdm=True,
-                             include_num_input_tokens_seen=True,
-                             use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks, data_collator=collator)
+    common = dict(**wrapping, output_dir=output_dir, max_steps=steps, logging_steps=1, learning_rate=1e-5,
+                  optim="adamw_torch_fused" if optimizer == "fused" else "adamw_torch", bf16=True, report_to=[],
+                  save_strategy="no", seed=0, disable_tqdm=True, include_num_input_tokens_seen=True,
+                  use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
+    if trl:
+        trainer = trl_trainer(model, data, callbacks, common, row_tokens=batch * seq)
+    else:
+        trainer = Trainer(model=model, args=TrainingArguments(**common, per_device_train_batch_size=batch),
+                          train_dataset=data, callbacks=callbacks, data_collator=collator)
     head_adapter = {name: p.detach().clone() for name, p in model.named_parameters()
                     if "lm_head" in name and "lora_" in name}
     torch.cuda.reset_peak_memory_stats()
@@ -138,6 +139,7 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     result = {
         "variant": variant,
         "world_size": world,
+        "trainer": type(trainer).__name__,
         "wrapper": type(trainer.model_wrapped).__name__,
         # The Trainer's own count of input tokens over its own train_runtime (whole run, warm-up included).
         "train_tokens_per_second": trainer.state.num_input_tokens_seen / output.metrics["train_runtime"],
@@ -146,6 +148,9 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
         "peak_memory_gib_per_rank": peaks,
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
     }
+    if trl:  # TRL logs its token accuracy from its own fused LM head
+        result["mean_token_accuracy"] = [e.get("mean_token_accuracy") for e in trainer.state.log_history
+                                         if "loss" in e]
     if head_adapter:
         # A LoRA adapter on lm_head must train through whatever computes the loss (a fused loss that reads the
         # frozen base weight alone leaves it as it was).
@@ -162,10 +167,9 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     return result
 
 
-def run_trl(variant: str, model, data: list[dict], callbacks: list, stamps: list[float], steps: int, warmup: int,
-            output_dir: str, *, batch: int, seq: int, optimizer: str) -> dict:
-    """TRL's SFTTrainer on pre-tokenized documents, packed ``batch`` to a row of ``batch * seq`` tokens."""
-    import torch
+def trl_trainer(model, data: list[dict], callbacks: list, common: dict, *, row_tokens: int):
+    """TRL's SFTTrainer on pre-tokenized documents, packed (best-fit decreasing, padding-free) into one row of
+    ``row_tokens`` a step, with the same training arguments as the Trainer's (``common``)."""
     from datasets import Dataset
     from tokenizers import Tokenizer
     from tokenizers import models
@@ -173,37 +177,13 @@ def run_trl(variant: str, model, data: list[dict], callbacks: list, stamps: list
     from trl import SFTConfig
     from trl import SFTTrainer
 
-    if variant.startswith("kernelize"):
-        settle_cpp_extension()
     # The documents are already token ids; the tokenizer only supplies pad/eos ids, which packing never inserts.
     backend = Tokenizer(models.WordLevel({"<pad>": 0, "</s>": 1}, unk_token="<pad>"))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>")
-    dataset = Dataset.from_list([{"input_ids": example["input_ids"].tolist()} for example in data])
-    args = SFTConfig(output_dir=output_dir, per_device_train_batch_size=1, max_steps=steps, logging_steps=1,
-                     learning_rate=1e-5, optim="adamw_torch_fused" if optimizer == "fused" else "adamw_torch",
-                     bf16=True, report_to=[], save_strategy="no", seed=0, disable_tqdm=True,
-                     max_length=batch * seq, packing=True, padding_free=True, dataset_num_proc=1,
-                     use_liger_kernel=variant.startswith("liger"), torch_compile=variant.endswith("compile"))
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=callbacks)
-    torch.cuda.reset_peak_memory_stats()
-    output = trainer.train()
-    tokens = batch * seq
-    result = {
-        "variant": variant,
-        "world_size": 1,
-        "trainer": "trl.SFTTrainer (packing, padding_free)",
-        "train_tokens_per_second": steps * tokens / output.metrics["train_runtime"],
-        "steady_tokens_per_second": (len(stamps) - warmup - 1) * tokens / (stamps[-1] - stamps[warmup]),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "peak_memory_gib_per_rank": [torch.cuda.max_memory_allocated() / 2**30],
-        "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-        "mean_token_accuracy": [e.get("mean_token_accuracy") for e in trainer.state.log_history if "loss" in e],
-    }
-    if len(callbacks) > 1:
-        result["kernelize"] = callbacks[1].report.summary()
-        result["loss_owner"] = callbacks[1].loss
-    return result
+    args = SFTConfig(**common, per_device_train_batch_size=1, max_length=row_tokens, packing=True,
+                     padding_free=True, dataset_num_proc=1)
+    return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(data), processing_class=tokenizer,
+                      callbacks=callbacks)
 
 
 def main() -> int:

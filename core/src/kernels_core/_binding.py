@@ -232,7 +232,7 @@ def rebind(model: nn.Module, report: Any,
     disabled by configuration) changes no binding: the report alone is left.
     """
     if bindings is None:
-        model.__dict__[REPORT_ATTR] = report
+        store_report(model, report)
         return
     with Changes() as changes:
         for module in model.modules():

@@ -93,12 +93,12 @@ class _Planner:
         # other code put in place per instance are read before anything changes.
         check_untouched(model, "kernelize")
         self.foreign = instance_overrides(model)
-        self.requested = requested_target(device, pm.backends()) if device is not None else None
+        self.config, self.backends = config, pm.backends()
+        self.requested = requested_target(device, self.backends) if device is not None else None
         kinds = pm.layer_kinds()
         # Every name in the configuration is checked against what pm has: undeclared options raise, other names
         # (kinds, kernels, plugins, backends) warn, naming their source.
         check_config(config, pm)
-        self.config, self.backends = config, pm.backends()
         self.resolver = Resolver(pm.kernels(), kinds, config, mode)
         self.ctx = MatchContext(model, mode=mode, options={name: config.kind(name).options for name in kinds})
         # Matchers and adapters that raise, and kernels whose output does not fit their module: warned once each.

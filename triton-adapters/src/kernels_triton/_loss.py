@@ -82,9 +82,9 @@ def _padded_vocab(weight: torch.Tensor, bias: torch.Tensor | None, softcap: floa
         ((64, 2), 0.0, -inf)
     """
     vocab = weight.shape[0]
-    pad = -vocab % _VOCAB_ALIGN
     if vocab % 8 == 0 or softcap > 0.0:
         return weight, bias
+    pad = -vocab % _VOCAB_ALIGN
     weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
     if bias is None:
         bias = weight.new_zeros(vocab + pad)

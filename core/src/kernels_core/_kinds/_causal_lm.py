@@ -242,12 +242,13 @@ def _probe_head(module: nn.Module, ctx: MatchContext) -> dict[str, Any] | str:
     ids = torch.arange(_PROBE_TOKENS, device=weight.device)[None] % vocab
     handed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if (
         head.takes_kwargs or "attention_mask" in head.signature) else {"input_ids": ids}
-    runs = _probe_runs(module, ctx, head, hidden, router, handed, labels=ids.flip(-1))
+    labels = ids.flip(-1)
+    runs = _probe_runs(module, ctx, head, hidden, router, handed, labels=labels)
     if isinstance(runs, str):
         return runs
     found: dict[str, Any] = {}
     for run in runs:
-        verdict = _read_run(module, head, run, hidden, router, handed, labels=ids.flip(-1), dtype=dtype)
+        verdict = _read_run(module, head, run, hidden, router, handed, labels=labels, dtype=dtype)
         if isinstance(verdict, str):
             return verdict
         if found and found != verdict:
