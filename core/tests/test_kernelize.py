@@ -125,6 +125,21 @@ def test_config_errors_name_key_and_allowed_values(two_pm):
         kernels_core.kernelize(tiny_causal_lm("llama"), config={"kinds": {"rmsnorm": {}}}, plugin_manager=two_pm)
 
 
+def test_a_better_ranked_kernel_of_another_variant_is_not_reported_as_passed_over():
+    # The offset-only kernel ranks first but was never a candidate for Llama's standard norms: the row of the kernel
+    # chosen says nothing fell back. A better-ranked kernel of the same variant that cannot run (here: not in
+    # training) is still named.
+    offset_only = _rms("cpu.rms_norm.offset", "high_rms_norm", 90, variants=("offset",))
+    inference_only = _rms("cpu.rms_norm.infer", "high_rms_norm", 80, supports=Supports.NONE)
+    pm = fresh_plugin_manager((_plugin("both", [offset_only, inference_only, LOW]), "both"), portable=False)
+    model = kernels_core.kernelize(tiny_causal_lm("llama"), mode=Mode.TRAINING, plugin_manager=pm)
+    rows = [e for e in kernels_core.get_report(model).entries if e.kind == "rms_norm" and e.kernel]
+    assert rows and all(e.kernel == "low.rms_norm" for e in rows)
+    for row in rows:
+        assert "cpu.rms_norm.offset" not in (row.note or ""), row.note
+        assert row.note.startswith("fell back: cpu.rms_norm.infer: mode unsupported"), row.note
+
+
 def test_strict_raises_for_matched_modules_whose_backend_kernels_cannot_serve_them():
     # A CPU rms_norm kernel exists but handles only the offset variant, and no residual kernel covers the
     # post-attention norms: Llama's five standard norms could have had a kernel on their backend and got none.

@@ -278,8 +278,11 @@ class Resolver:
             if problem is None and verify is not None:
                 problem = verify(provided)
             if problem is None:
-                # Say why any better-ranked kernel meant for this device was passed over.
-                passed_over = [p for p in problems if "runs on backend" not in p and "disabled by config" not in p]
+                # Say why any better-ranked kernel meant for this module was passed over: not one for another
+                # backend or another variant of the kind, nor one the configuration turned off.
+                passed_over = [text for p, text in zip(candidates, problems, strict=False)
+                               if self._serves_backend(p, target) and match.variant in p.spec.variants
+                               and self._config_block(p, match.kind) is None]
                 note = f"fell back: {'; '.join(passed_over)}" if passed_over else None
                 return Choice(provided, note=note)
             problems.append(f"{provided.spec.id}: {problem}")
