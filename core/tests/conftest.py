@@ -51,8 +51,8 @@ def calls():
 @pytest.fixture
 def sdpa_calls(monkeypatch):
     """The query length of every causal SDPA call made without a mask, in call order: a packed-attention kernel
-    computing documents one by one makes one per document; transformers' sdpa over a packed row's dense mask
-    makes none, and over an unmasked row one of the row's length."""
+    computing documents one by one makes one per document (one for documents all of one length); transformers'
+    sdpa over a packed row's dense mask makes none, and over an unmasked row one of the row's length."""
     lengths: list[int] = []
     original = torch.nn.functional.scaled_dot_product_attention
 

@@ -12,6 +12,7 @@ from kernels_triton import ops
 
 
 LENGTHS = (37, 1, 130, 64, 255)
+EQUAL = (96, 96, 96)  # one dense causal batch through SDPA (a window of 50 cuts them: FlashAttention varlen)
 
 
 def _dense(query, key, value, lengths, *, scale, window):
@@ -28,22 +29,22 @@ def _dense(query, key, value, lengths, *, scale, window):
     return out[0].transpose(0, 1)
 
 
-def _inputs(device, dtype, heads=(8, 2), dim=64):
+def _inputs(device, dtype, heads=(8, 2), dim=64, lengths=LENGTHS):
     torch.manual_seed(0)
-    total = sum(LENGTHS)
+    total = sum(lengths)
     q = torch.randn(total, heads[0], dim, device=device, dtype=dtype, requires_grad=True)
     k = torch.randn(total, heads[1], dim, device=device, dtype=dtype, requires_grad=True)
     v = torch.randn(total, heads[1], dim, device=device, dtype=dtype, requires_grad=True)
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     return q, k, v, cu
 
 
-def _check(device, dtype, *, window, heads=(8, 2)):
-    q, k, v, cu = _inputs(device, dtype, heads)
+def _check(device, dtype, *, window, heads=(8, 2), lengths=LENGTHS):
+    q, k, v, cu = _inputs(device, dtype, heads, lengths=lengths)
     scale = q.shape[-1] ** -0.5
-    out = ops.native_varlen_attention(q, k, v, cu_seqlens=cu, max_seqlen=max(LENGTHS), scale=scale, window=window)
+    out = ops.native_varlen_attention(q, k, v, cu_seqlens=cu, max_seqlen=max(lengths), scale=scale, window=window)
     grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
-    reference = _dense(q, k, v, LENGTHS, scale=scale, window=window)
+    reference = _dense(q, k, v, lengths, scale=scale, window=window)
     expected = torch.autograd.grad(reference.square().sum(), (q, k, v))
     # float32 reference: the kernel's error is one rounding of its output (bf16: 2^-8 relative) plus accumulation
     # order; gradients through the softmax get a few roundings more.
@@ -53,9 +54,10 @@ def _check(device, dtype, *, window, heads=(8, 2)):
         torch.testing.assert_close(got.float(), want.float(), atol=4 * tol, rtol=4 * tol)
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, EQUAL], ids=["mixed", "equal"])
 @pytest.mark.parametrize("window", [None, 50])
-def test_cpu_goes_to_the_portable_kernel(window):
-    _check("cpu", torch.float32, window=window)
+def test_cpu_goes_to_the_portable_kernel(window, lengths):
+    _check("cpu", torch.float32, window=window, lengths=lengths)
     q, k, v, cu = _inputs("cpu", torch.float32)
     scale = q.shape[-1] ** -0.5
     torch.testing.assert_close(
@@ -67,5 +69,20 @@ def test_cpu_goes_to_the_portable_kernel(window):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("window", [None, 50], ids=["causal", "window50"])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa", "mha"])
-def test_gpu_flash_varlen(dtype, window, heads):
-    _check("cuda", dtype, window=window, heads=heads)
+@pytest.mark.parametrize("lengths", [LENGTHS, EQUAL], ids=["mixed", "equal"])
+def test_gpu_flash_varlen(dtype, window, heads, lengths):
+    _check("cuda", dtype, window=window, heads=heads, lengths=lengths)
+
+
+@requires_cuda
+@pytest.mark.parametrize("window", [None, 96, 50], ids=["causal", "window-covers", "window-cuts"])
+def test_gpu_equal_documents_route(monkeypatch, window):
+    """Equal documents that no window cuts are one dense SDPA call; a window that cuts them keeps FlashAttention's
+    varlen kernel, which takes the window itself."""
+    import kernels_triton._varlen as varlen
+
+    routed = []
+    monkeypatch.setattr(varlen, "packed_attention", lambda *a, **k: routed.append(1) or packed_attention(*a, **k))
+    q, k, v, cu = _inputs("cuda", torch.bfloat16, lengths=EQUAL)
+    ops.native_varlen_attention(q, k, v, cu_seqlens=cu, max_seqlen=96, scale=0.125, window=window)
+    assert routed == ([] if window == 50 else [1])

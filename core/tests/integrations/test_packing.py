@@ -9,8 +9,8 @@ the model's ``config.use_cache`` from ``TrainingArguments.use_cache`` (default F
 attention, True a cache and attention across the documents of a row. TRL's SFTTrainer passes ``use_cache=False``
 with every batch, so its padding-free rows are always per document. Where eager is per document, the
 ``packed_attention`` kernel must be bound and must run: the core's portable kernel makes one causal, unmasked SDPA
-call per document, which a spy on ``torch.nn.functional.scaled_dot_product_attention`` sees; eager makes none (it
-passes the dense mask). Where eager attends across documents, the only causal unmasked calls are transformers' own,
+call per document (one for the row where its documents all have one length), which a spy on
+``torch.nn.functional.scaled_dot_product_attention`` sees; eager makes none (it passes the dense mask). Where eager attends across documents, the only causal unmasked calls are transformers' own,
 one per row.
 """
 
@@ -55,9 +55,11 @@ def _record_documents(model) -> list[list[int]]:
 
 
 def _per_document_calls(rows: list[list[int]], *, checkpointing: bool = False) -> list[int]:
-    """The SDPA calls the portable packed-attention kernel makes: every layer, one per document of the row; under
-    gradient checkpointing every layer runs again in backward."""
-    return [length for row in rows for _ in range(LAYERS * (2 if checkpointing else 1)) for length in row]
+    """The SDPA calls the portable packed-attention kernel makes: every layer, one per document of the row, or one
+    for the whole row where its documents all have one length (a batch of them); under gradient checkpointing every
+    layer runs again in backward. Both collators give one row a batch, so a row is what one kernel call sees."""
+    return [length for row in rows for _ in range(LAYERS * (2 if checkpointing else 1))
+            for length in (row[:1] if len(set(row)) == 1 else row)]
 
 
 def _whole_row_calls(rows: list[list[int]]) -> list[int]:

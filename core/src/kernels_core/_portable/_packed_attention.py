@@ -1,9 +1,11 @@
-"""Attention per document of a packed batch: one causal SDPA call per document, no dense mask.
+"""Attention per document of a packed batch: causal SDPA over each document, no dense mask.
 
 Each document's queries see only its own keys, so its attention is an ordinary causal attention over that
-document: SDPA's ``is_causal`` kernels (FlashAttention, cuDNN, or the CPU's own) take it without a mask. A sliding
+document: SDPA's ``is_causal`` kernels (FlashAttention, cuDNN, or the CPU's own) take it without a mask. Documents
+of one length (a packer that cuts a stream into equal blocks, or equal samples) are one batch ``[N, H, L, D]``
+and take a single SDPA call; others take one call each, their boundaries read on the host once per call. A sliding
 window longer than the document changes nothing; a shorter one gets the document's band as a mask. Any device,
-any float dtype; the documents' boundaries are read on the host once per call.
+any float dtype.
 
 Example:
     >>> import torch
@@ -23,13 +25,41 @@ import torch
 import torch.nn.functional as F
 
 
-__all__ = ["packed_attention"]
+__all__ = ["equal_documents", "packed_attention"]
 
 
-def _band(length: int, window: int, device: torch.device) -> torch.Tensor:
+def equal_documents(query: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> bool:
+    """Whether every document has ``max_seqlen`` tokens, known from shapes alone (no device-to-host copy).
+
+    ``N`` documents of at most ``max_seqlen`` tokens fill ``N * max_seqlen`` tokens only if each has exactly that.
+
+    Example:
+        >>> import torch
+        >>> equal_documents(torch.empty(8, 2, 4), torch.tensor([0, 4, 8], dtype=torch.int32), 4)
+        True
+        >>> equal_documents(torch.empty(8, 2, 4), torch.tensor([0, 3, 8], dtype=torch.int32), 5)
+        False
+    """
+    documents = cu_seqlens.shape[0] - 1
+    return documents > 0 and max_seqlen > 0 and documents * max_seqlen == query.shape[0]
+
+
+def _band(length: int, window: int, device: torch.device) -> torch.Tensor | None:
+    if window >= length:
+        return None
     index = torch.arange(length, device=device)
     distance = index[:, None] - index[None, :]
     return (distance >= 0) & (distance < window)
+
+
+def _causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale: float,
+            window: int | None) -> torch.Tensor:
+    """Causal SDPA over ``[N, L, H, D]`` documents of one length, returned as ``[N, L, H, D]``."""
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    band = None if window is None else _band(q.shape[-2], window, q.device)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=band, is_causal=band is None, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2)
 
 
 def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, cu_seqlens: torch.Tensor,
@@ -39,14 +69,12 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     Grouped-query attention takes ``key`` and ``value`` with fewer heads; they are not repeated.
     """
-    groups = query.shape[1] // key.shape[1]
+    if equal_documents(query, cu_seqlens, max_seqlen):
+        # [T, H, D] -> [N, L, H, D]: a view, so one call covers every document.
+        shaped = [t.unflatten(0, (-1, max_seqlen)) for t in (query, key, value)]
+        return _causal(*shaped, scale=scale, window=window).flatten(0, 1)
     outputs = []
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:], strict=False):
-        # [n, H, D] -> [1, H, n, D]
-        q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-        band = None if window is None or end - start <= window else _band(end - start, window, query.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=band, is_causal=band is None, scale=scale,
-                                             enable_gqa=groups > 1)
-        outputs.append(out.squeeze(0).transpose(0, 1))
+        outputs.append(_causal(*(t[None, start:end] for t in (query, key, value)), scale=scale, window=window)[0])
     return torch.cat(outputs) if outputs else query.new_empty(query.shape[0], query.shape[1], value.shape[-1])
