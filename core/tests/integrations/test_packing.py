@@ -10,8 +10,8 @@ attention, True a cache and attention across the documents of a row. TRL's SFTTr
 with every batch, so its padding-free rows are always per document. Where eager is per document, the
 ``packed_attention`` kernel must be bound and must run: the core's portable kernel makes one causal, unmasked SDPA
 call per document (one for the row where its documents all have one length), which a spy on
-``torch.nn.functional.scaled_dot_product_attention`` sees; eager makes none (it passes the dense mask). Where eager attends across documents, the only causal unmasked calls are transformers' own,
-one per row.
+``torch.nn.functional.scaled_dot_product_attention`` sees; eager makes none (it passes the dense mask). Where
+eager attends across documents, the only causal unmasked calls are transformers' own, one per row.
 """
 
 from __future__ import annotations

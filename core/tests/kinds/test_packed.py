@@ -123,6 +123,54 @@ def test_any_other_mask_is_not_taken_for_documents(change):
     assert documents_of(mask, window=None, batch=1) is None
 
 
+def _masks_to_check() -> list[tuple[torch.Tensor, int | None]]:
+    exact = _doc_mask((3, 1, 4, 6))
+    extra = exact.clone()
+    extra[0, 0, 13, 2] = True  # a query of the last document sees a key of the first
+    hidden = exact.clone()
+    hidden[0, 0, 12, 9] = False
+    return [(exact, None), (extra, None), (hidden, None), (_doc_mask((6, 8), window=3), 3),
+            (_doc_mask((6, 8)), 3)]
+
+
+def test_mask_check_in_row_blocks_gives_the_same_verdict(monkeypatch):
+    """The check reads the mask a block of query rows at a time; blocks of one row and of several rows that do not
+    divide the length find what the whole mask at once finds."""
+    import kernels_core._kinds._packed as packed
+
+    whole = [documents_of(mask, window=window, batch=2) for mask, window in _masks_to_check()]
+    assert [w is None for w in whole] == [False, True, True, False, True]
+    for elements in (1, 3 * 14):  # one query row a block; three rows a block (14 tokens: a last block of two)
+        monkeypatch.setattr(packed, "_CHECK_ELEMENTS", elements)
+        for (mask, window), expected in zip(_masks_to_check(), whole, strict=True):
+            found = documents_of(mask, window=window, batch=2)
+            assert (found is None) == (expected is None)
+            if found is not None:
+                assert found.cu_seqlens.tolist() == expected.cu_seqlens.tolist()
+                assert found.max_seqlen == expected.max_seqlen
+
+
+def test_mask_check_builds_nothing_larger_than_the_mask():
+    """No tensor of the check outgrows the boolean mask it reads (an [S, S] tensor of int64 distances would be
+    8x its size: 8 GiB at 32,768 tokens a row)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Largest.largest = max(Largest.largest, t.numel() * t.element_size())
+            return out
+
+    mask = _doc_mask((100, 300, 112))
+    with Largest():
+        assert documents_of(mask, window=None, batch=1) is not None
+    assert 0 < Largest.largest <= mask.numel() * mask.element_size()
+
+
 def _forms(lengths: tuple[int, ...]) -> dict[str, dict]:
     """Every form a packed batch reaches a model in (labels with -100 at document starts)."""
     from transformers import DataCollatorWithFlattening

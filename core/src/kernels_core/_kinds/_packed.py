@@ -57,6 +57,8 @@ _KIND = "packed_attention"
 _NOT_REPRODUCED = ("position_bias", "softcap", "s_aux", "sinks")
 # Where the verdict on a mask is kept: on the mask tensor, which lives as long as the forward that built it.
 _MEMO_ATTR = "_kernels_core_documents"
+# Elements of each boolean block of the mask check: 64 MiB, a fraction of the [S, S] mask it reads at long rows.
+_CHECK_ELEMENTS = 1 << 26
 
 
 def match_packed_attention(module: nn.Module, name: str, ctx: MatchContext) -> Match | Decline | None:
@@ -136,14 +138,20 @@ def documents_of(mask: torch.Tensor, *, window: int | None, batch: int) -> Docum
         starts[:, 1:] = ~allowed.diagonal(offset=-1, dim1=-2, dim2=-1)
     document = starts.cumsum(-1)
     index = torch.arange(length, device=mask.device)
-    distance = index[:, None] - index[None, :]
-    expected = (document[:, :, None] == document[:, None, :]) & (distance >= 0)
-    if window is not None:
-        expected &= distance < window
+    same = torch.ones((), dtype=torch.bool, device=mask.device)
+    # The expected pattern is built a block of query rows at a time, from boolean comparisons only: at 32,768
+    # tokens a row, one [S, S] tensor of int64 distances would be 8 GiB, on top of the mask transformers built.
+    rows = max(1, _CHECK_ELEMENTS // (allowed.shape[0] * length))
+    for first in range(0, length, rows):
+        query = index[first:first + rows, None]
+        expected = (document[:, first:first + rows, None] == document[:, None, :]) & (index <= query)
+        if window is not None:
+            expected &= index > query - window
+        same &= (expected == allowed[:, first:first + rows]).all()
     starts = starts.expand(batch, length).reshape(-1)
     offsets = torch.cat([starts.nonzero().flatten(), torch.tensor([batch * length], device=mask.device)])
     # One device-to-host copy for both facts the kernel needs on the host.
-    same, longest = torch.stack([(expected == allowed).all().long(), offsets.diff().max()]).tolist()
+    same, longest = torch.stack([same.long(), offsets.diff().max()]).tolist()
     if not same:
         return None
     return Documents(cu_seqlens=offsets.to(torch.int32), max_seqlen=int(longest))
