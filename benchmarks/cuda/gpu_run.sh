@@ -2,7 +2,8 @@
 # On a GPU machine: install the carried liger-kernel wheel, probe the machine, run the GPU tests and benchmarks.
 # Usage (repository root, on the GPU machine): bash benchmarks/cuda/gpu_run.sh "<stages>" where stages is a
 # space-separated subset of: probe report memory tests nox host rmsnorm sweep elementwise attention qwen3 portable
-# distributed (sweep: the RMSNorm backward's launch shapes, benchmarks.cuda.rmsnorm_tiling_sweep)
+# llamafactory distributed (sweep: the RMSNorm backward's launch shapes, benchmarks.cuda.rmsnorm_tiling_sweep;
+# llamafactory: benchmarks.cuda.llamafactory_bench with the wheels of .whl-lf/, knobs LF_ARGS and LF_TIMEOUT)
 # Knobs: HOST_ARGS (e.g. --profile), RMSNORM_ARGS (e.g. --shapes 8192x1024 --chain-only --rounds 3), RMSNORM_TIMEOUT (default 540 s; the full sweep times 5 rounds of chains), SWEEP_TIMEOUT, ATTENTION_ARGS (e.g. --no-flex), ATTENTION_TIMEOUT, MEMORY_VARIANTS, QWEN3_VARIANTS, QWEN3_ARGS (e.g. --profile), QWEN3_TIMEOUT, TEST_PKGS, TEST_PATHS
 # (pytest paths inside each package, default tests), TEST_TIMEOUT, PYTEST_ARGS, EXTRA_PYTHONPATH (searched first, e.g. another
 # transformers installed with pip --target).
@@ -78,6 +79,14 @@ if [[ " $STAGES " == *" qwen3 "* ]]; then
   log qwen3
   timeout ${QWEN3_TIMEOUT:-400} python3 -m benchmarks.cuda.qwen3_bench --out "$OUT/cuda-qwen3.json" \
     --variants "${QWEN3_VARIANTS:-eager,liger,torch_compile,kernelize,kernelize_compile}" ${QWEN3_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"
+fi
+if [[ " $STAGES " == *" llamafactory "* ]]; then
+  # LLaMA-Factory v1 and what it imports beyond the GPU image (its transformers pin, <= 5.6, included), carried as
+  # wheels under .whl-lf/ and installed apart from .whl/ (two versions of datasets would stop one install).
+  log llamafactory
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-lf \
+    .whl-lf/*.whl && PYTHONPATH=/tmp/site-lf:$PYTHONPATH timeout ${LF_TIMEOUT:-420} \
+    python3 -m benchmarks.cuda.llamafactory_bench --out "$OUT/llamafactory.json" ${LF_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"
 fi
 if [[ " $STAGES " == *" portable "* ]]; then
   log portable
