@@ -13,6 +13,9 @@ one, so a side can run another source tree (for example a copy of a package befo
     python -m benchmarks.cuda.configs_ab --shapes qwen3-0.6b --rounds 5 \\
         --sides before:PYTHONPATH=.abtree/triton:.abtree/cuda after --out benchmarks/results/y.json
 
+``--layout packed`` (or ``mixed``) sends the 8,192 tokens of a step as one packed row of documents instead
+(``packing_bench``'s layouts), for an A/B of the packed-attention path.
+
 With ``--name``, the output file holds one named run per A/B (``runs``) and the run of that name is replaced or
 added, so one file per device keeps every current A/B (``benchmarks/results/configs-ab-h100.json``).
 """
@@ -103,13 +106,17 @@ def _wait_for_background_builds() -> str:
     return settle_cpp_extension()
 
 
-def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -> dict:
+def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False, layout: str = "unpacked") -> dict:
     import kernels_core
     import kernels_triton
     import torch
 
     model, vocab = build(shape)
     model.train()
+    if layout != "unpacked":
+        # Packed rows as packing_bench sends them: eager (and so the kernelized model) attends per document only
+        # without a cache.
+        model.config.use_cache = False
     mode = kernels_core.Mode.TRAINING
     if compile_model:
         mode |= kernels_core.Mode.TORCH_COMPILE
@@ -118,12 +125,18 @@ def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False) -
     require_cuda_kernels(report)
     extension = _wait_for_background_builds()
 
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    batch = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=gen)
+    if layout == "unpacked":
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        batch = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=gen)
+        real = batch.numel()
+    else:
+        from benchmarks.cuda.packing_bench import batch_for
+
+        batch, real = batch_for(layout, vocab, "cuda")
     runner = torch.compile(model) if compile_model else model
     timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup)
     return {
-        "train_tokens_per_s": steps * batch.numel() / timed["seconds"],
+        "train_tokens_per_s": steps * real / timed["seconds"],
         "train_step_ms": 1e3 * timed["seconds"] / steps,
         "train_peak_GiB": timed["peak_bytes"] / 2**30,
         "losses": timed["losses"],
@@ -195,12 +208,16 @@ def main() -> None:
     parser.add_argument("--name", help="store the A/B as the run of this name in --out, beside its other runs")
     parser.add_argument("--compile", action="store_true",
                         help="kernelize with Mode.TORCH_COMPILE and time torch.compile(model)")
+    parser.add_argument("--layout", choices=("unpacked", "packed", "mixed"), default="unpacked",
+                        help="unpacked: batch 4 x 2048; packed: those 4 documents in one row (restarting position "
+                             "ids, no cache: attention per document); mixed: documents of 64-4,096 tokens in one "
+                             "row (packing_bench's layouts; tokens/s counts real tokens)")
     parser.add_argument("--child", nargs=2, metavar=("SHAPE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         shape, out = args.child
         try:
-            result = train(shape, args.steps, args.warmup, compile_model=args.compile)
+            result = train(shape, args.steps, args.warmup, compile_model=args.compile, layout=args.layout)
         except Exception as exc:  # noqa: BLE001 - a failing shape is a result to report
             result = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
         pathlib.Path(out).write_text(json.dumps(result))
@@ -218,7 +235,7 @@ def main() -> None:
     if args.compile:
         how = "kernelize(Mode.TRAINING | Mode.TORCH_COMPILE), torch.compile"
     payload = {"what": args.what, "commit": args.commit, "environment": environment(),
-               "setup": f"{how}, bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ}, "
+               "setup": f"{how}, bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ} ({args.layout}), "
                         f"{args.warmup} warm-up + {args.steps} timed steps per process",
                "shapes": {name: {k: v for k, v in SHAPES[name].items()} for name in shapes},
                "sides": dict(sides), "rows": rows}
@@ -231,7 +248,8 @@ def main() -> None:
             break
         tmp = args.out.with_name(f".{shape}.{name}.json")
         cmd = python_m("benchmarks.cuda.configs_ab", "--child", shape, str(tmp), "--steps", str(args.steps),
-                       "--warmup", str(args.warmup), *(["--compile"] if args.compile else []))
+                       "--warmup", str(args.warmup), "--layout", args.layout,
+                       *(["--compile"] if args.compile else []))
         row = {"round": round_index, "shape": shape, "side": name}
         result, error = run_child(cmd, tmp, timeout=args.timeout, env=side_environment(changes))
         row.update(result or {})
