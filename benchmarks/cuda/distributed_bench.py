@@ -303,9 +303,15 @@ def build_model(name: str, *, tiny: bool, device: torch.device, layers: int | No
     decoder depth (``llama-3.1-8b-4l`` with 32 is the Llama-3.1-8B shape at full depth)."""
     depth = {} if layers is None else {"num_hidden_layers": layers}
     if name == DEFAULT_MODEL:
-        return qwen3_bench.build(seed=0, device=str(device), **{**(TINY if tiny else {}), **depth})
-    overrides = {**TINY, **TINY_EXTRA[models_bench.MODELS[name]["family"]]} if tiny else {}
-    return models_bench.build(name, device=str(device), **{**overrides, **depth})
+        model = qwen3_bench.build(seed=0, device=str(device), **{**(TINY if tiny else {}), **depth})
+    else:
+        overrides = {**TINY, **TINY_EXTRA[models_bench.MODELS[name]["family"]]} if tiny else {}
+        model = models_bench.build(name, device=str(device), **{**overrides, **depth})
+    # Training builds no cache (the Trainer's default, TrainingArguments.use_cache=False). With one, every layer
+    # hands the cache its own layer_idx, and torch.compile of one layer at a time traces each layer again until
+    # Dynamo's recompile limit (8) leaves the rest uncompiled.
+    model.config.use_cache = False
+    return model
 
 
 def vocab_size(name: str, *, tiny: bool) -> int:

@@ -157,3 +157,60 @@ def test_a_working_forward_is_unchanged_and_a_copy_runs_the_same_kernel():
     with pytest.raises(KeyError) as info:
         clone(torch.ones(2))
     assert "'acme.double.k'" in _notes(info.value)[0]
+
+
+# --- the bound forward: a method, for torch.compile of one layer at a time ---------------------------------------
+
+
+def _kernelized_layers(layers: int, mode=None):
+    import kernels_core
+    from kernels_core.testing import tiny_causal_lm
+
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tiny_causal_lm("qwen3", num_hidden_layers=layers)
+    model.config.use_cache = False
+    model.train()
+    kernels_core.kernelize(model, mode=mode or (kernels_core.Mode.TRAINING | kernels_core.Mode.TORCH_COMPILE))
+    return model
+
+
+# Dynamo reads the .grad of non-leaf activations while it builds the layers' inputs (torch 2.13), and warns.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_each_layer_compiled_alone_traces_one_graph_for_all():
+    """FSDP2 recipes compile each decoder layer alone. Dynamo guards a module's replaced forward by identity unless
+    it is a method (then by its function's code): with a callable object bound, every layer traced again and after
+    Dynamo's recompile limit (8) the rest ran uncompiled. Twelve layers must share one graph, as without kernelize."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    model = _kernelized_layers(12)
+    torch._dynamo.reset()
+    counters.clear()
+    for index, layer in enumerate(model.model.layers):
+        model.model.layers[index] = torch.compile(layer, backend="eager")
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    with torch._dynamo.config.patch(recompile_limit=64):  # so a regression counts every recompile
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch._dynamo.reset()
+
+
+def test_the_bound_method_keeps_the_module_signature_and_survives_copies():
+    import inspect
+    import pickle
+
+    import kernels_core
+
+    model = _kernelized_layers(1, mode=kernels_core.Mode.TRAINING)
+    bound = model.__dict__["forward"]
+    assert inspect.ismethod(bound) and isinstance(bound.__self__, KernelForward)
+    # transformers' Trainer keeps the dataset columns model.forward names; generate reads it too.
+    expected = inspect.signature(type(model).forward.__get__(model, type(model)))
+    assert inspect.signature(model.forward) == expected
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        forward = clone.__dict__["forward"]
+        assert forward.__self__.module is clone and forward.__self__ is not bound.__self__
+        assert inspect.signature(clone.forward) == expected
+        ids = torch.randint(0, clone.config.vocab_size, (1, 6))
+        torch.testing.assert_close(clone(input_ids=ids, labels=ids).loss, model(input_ids=ids, labels=ids).loss)

@@ -395,7 +395,7 @@ def test_deepcopy_save_load_keep_kernels_and_state(ref_installed, calls, tmp_pat
         assert torch.equal(got, expected)
         assert calls["rms_norm"] == 3 and calls["residual_rms_norm"] == 2 and calls["rotary_embedding"] == 2, \
             "the copy must stay kernelized"
-        assert clone.model.norm.forward.module is clone.model.norm, "bound to the copy, not the original"
+        assert clone.model.norm.forward.__self__.module is clone.model.norm, "bound to the copy, not the original"
         kernels_core.unkernelize(clone)
         calls.clear()
         with torch.no_grad():

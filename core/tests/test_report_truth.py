@@ -58,7 +58,7 @@ def _count_kernel_calls(model, monkeypatch) -> Counter:
     for name, module in model.named_modules():
         if BINDING_ATTR not in module.__dict__:
             continue
-        bound = module.__dict__[forward_slot(module)]
+        bound = _forward.forward_object(module.__dict__[forward_slot(module)])
         if isinstance(bound, _forward.KernelForward):
             kernels = {bound.impl: bound.kernel_id}
         else:

@@ -171,8 +171,23 @@ def _module_path(forward: _LazyForward, frames: list[types.FrameType]) -> list[t
     return path
 
 
+@functools.cache
+def _method_signature(forward: Callable[..., Any]) -> inspect.Signature:
+    """The signature of a module class's ``forward`` (``self`` first, as a method's function has it)."""
+    return inspect.signature(forward)
+
+
+def forward_object(value: object) -> _LazyForward | None:
+    """The kernels-core forward in a bound attribute: the forward itself, or its :attr:`_LazyForward.bound_forward`
+    method; None for anything else (a plugin's own binding)."""
+    if isinstance(value, types.MethodType):
+        value = value.__self__
+    return value if isinstance(value, _LazyForward) else None
+
+
 def _kernels_of(value: object) -> list[tuple[str, str]]:
     """(kernel id, what to say about it) of each kernel a bound forward runs."""
+    value = forward_object(value)
     if isinstance(value, KernelForward):
         return [(value.kernel_id, f" (plugin {value.plugin!r})" if value.plugin else "")]
     if isinstance(value, ReroutedForward):
@@ -447,7 +462,7 @@ def bindings(plans: Iterable[ForwardPlan], bind_hook_of: Callable[[str], Callabl
     import torch
 
     for plan in plans:
-        forward = forward_for(plan)
+        forward = forward_for(plan).bound_forward
         (planned, *_others) = plan.kernels
         spec, plugin = planned.kernel.spec, planned.kernel.plugin
         hook = bind_hook_of(plugin.name) if plan.target == "forward" else None
@@ -487,7 +502,8 @@ class _LazyForward(Persisted):
 
     # 0.1.0 saved _scoped and _variants too (a rerouted forward's call-fact variants, now in its callable).
     _transient = frozenset({"impl", "adapter", "_fn", "_globals", "_unresolved", "_dtypes", "_device_flag",
-                            "_preferred", "_scoped", "_variants", "_checked", "_unchecked", "_wrong_dtype"})
+                            "_preferred", "_scoped", "_variants", "_checked", "_unchecked", "_wrong_dtype",
+                            "_bound"})
     module: Any
     module_name: str
     declared: tuple[Declared, ...]
@@ -706,11 +722,37 @@ class _LazyForward(Persisted):
     def _ready(self) -> None:
         """After a copy or a load: what each call checks, and (rerouted forwards) the callable."""
         self._derive()
+        self._sign_bound()
 
     @property
     def __signature__(self) -> inspect.Signature:
         # transformers (Trainer column pruning, generate) inspects model.forward's parameters.
         return inspect.signature(type(self.module).forward.__get__(self.module, type(self.module)))
+
+    @property
+    def bound_forward(self) -> types.MethodType:
+        """This forward as the method kernelize puts in its module's forward slot.
+
+        A method whose function has the code of ``__call__``: torch.compile guards a module's replaced forward by
+        that code when it is a method, and by the object's identity otherwise, so with a callable object in the
+        slot each decoder layer compiled on its own (FSDP2 recipes) traced again until Dynamo's recompile limit
+        left the rest uncompiled. Each forward's function is its own, carrying the module's signature. A method
+        pickles as ``getattr(forward, "bound_forward")``; a load may ask for it before the forward's fields are
+        back (the module and its forward refer to each other), so the signature is filled in when they are.
+        """
+        bound = self.__dict__.get("_bound")
+        if bound is None:
+            call = _LazyForward.__call__
+            function = types.FunctionType(call.__code__, call.__globals__, "bound_forward")
+            function.__qualname__ = f"{type(self).__qualname__}.bound_forward"
+            bound = self.__dict__["_bound"] = types.MethodType(function, self)
+            self._sign_bound()
+        return bound
+
+    def _sign_bound(self) -> None:
+        bound, module = self.__dict__.get("_bound"), self.__dict__.get("module")
+        if bound is not None and module is not None and "__signature__" not in bound.__func__.__dict__:
+            bound.__func__.__signature__ = _method_signature(type(module).forward)
 
 
 class KernelForward(_LazyForward):

@@ -359,7 +359,7 @@ def test_copies_stay_fused_and_unkernelize_restores(ref_pm, calls):
     with torch.no_grad():
         assert_close(clone(input_ids=ids).logits, eager, what="deep copy")
     assert calls[KIND] == clone.config.num_hidden_layers
-    assert clone.model.layers[0].forward.module is clone.model.layers[0], "bound to the copy"
+    assert clone.model.layers[0].forward.__self__.module is clone.model.layers[0], "bound to the copy"
     kernels_core.unkernelize(model)
     assert {name: dict(m.__dict__) for name, m in model.named_modules()} == before
     with torch.no_grad():

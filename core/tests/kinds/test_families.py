@@ -214,7 +214,8 @@ def test_norm_casting_found_in_float32_holds_in_bfloat16(family, casting, ref_pm
     kernels_core.kernelize(model, mode=Mode.INFERENCE, plugin_manager=ref_pm)
     # Norms a decoder-layer kernel computes itself have no binding of their own.
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm") and "forward" in m.__dict__]
-    assert norms and all(m.forward.match.params["casting"] == casting for m in norms), f"{family}: wrong casting"
+    assert norms and all(m.forward.__self__.match.params["casting"] == casting for m in norms), \
+        f"{family}: wrong casting"
     model.to(torch.bfloat16).eval()
     ids = torch.randint(3, 100, (2, 9))
     with torch.no_grad():
@@ -226,7 +227,7 @@ def test_norm_casting_found_in_float32_holds_in_bfloat16(family, casting, ref_pm
     half = kernels_core.kernelize(tiny_causal_lm(family, dtype=torch.bfloat16), mode=Mode.INFERENCE,
                                   plugin_manager=ref_pm)
     norms = [m for m in half.modules() if type(m).__name__.endswith("RMSNorm") and "forward" in m.__dict__]
-    assert all(m.forward.match.params["casting"] == casting for m in norms), f"{family}: wrong bf16 casting"
+    assert all(m.forward.__self__.match.params["casting"] == casting for m in norms), f"{family}: wrong bf16 casting"
 
 
 # Small parameters (norm weights and biases, an activation's learnable scalars): each gradient is a sum over every

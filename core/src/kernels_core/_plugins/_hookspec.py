@@ -136,8 +136,9 @@ class Hooks:
             module: the module instance being bound.
             match: its matcher's verdict (:class:`Match`).
             kernel: the chosen kernel's declaration.
-            forward: the per-instance forward the core built for this kernel from the kind's adapter; picklable,
-                and undone by ``unkernelize``.
+            forward: the per-instance forward the core built for this kernel from the kind's adapter, a method
+                (torch.compile then guards it by its code, not per instance); picklable, and undone by
+                ``unkernelize``.
 
         Returns:
             A :class:`Binding` of the instance attributes to set, or ``None``. The core sets them itself and
