@@ -228,6 +228,24 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return out
 
 
+def child_result(cmd: list[str], variant: str) -> dict:
+    """Run ``cmd`` (a benchmark's child, :func:`python_m`) and read the JSON of the last line it prints starting
+    with ``RESULT ``; if it fails or prints none, ``{"variant": variant, "error": <the end of its stderr>}``, which
+    is printed too.
+
+    Example:
+        >>> import sys
+        >>> child_result([sys.executable, "-c", "print('RESULT {\\"x\\": 1}')"], "demo")
+        {'x': 1}
+    """
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        print(f"{variant}: failed\n{proc.stderr[-3000:]}", flush=True)
+        return {"variant": variant, "error": proc.stderr[-3000:]}
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
 def run_child(cmd: list[str], out: pathlib.Path, *, timeout: float,
               env: Mapping[str, str] | None = None) -> tuple[Any, str | None]:
     """Run one benchmark variant in its own process (``cmd``, from :func:`python_m`), which writes its JSON result

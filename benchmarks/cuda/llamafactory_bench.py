@@ -22,10 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
 import time
 
-from benchmarks.common import child_env
+from benchmarks.common import child_result
 from benchmarks.common import environment
 from benchmarks.common import python_m
 from benchmarks.common import settle_cpp_extension
@@ -161,13 +160,9 @@ def main() -> int:
                        "--model-dir", model_dir, "--data", data, "--steps", str(opts.steps), "--warmup",
                        str(opts.warmup), "--batch", str(opts.batch), "--seq", str(seq), "--batching", opts.batching,
                        "--device", opts.device, "--workdir", str(opts.workdir))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            results[variant] = {"variant": variant, "error": proc.stderr[-3000:]}
-            print(f"{variant}: failed\n{proc.stderr[-3000:]}", flush=True)
+        results[variant] = result = child_result(cmd, variant)
+        if "error" in result:
             continue
-        results[variant] = result = json.loads(lines[-1].removeprefix("RESULT "))
         print(f"{variant:8s} {result['steady_tokens_per_second'] or 0:9.0f} tok/s  peak "
               f"{result['peak_memory_gib'] or 0:.2f} GiB  losses {result['losses'][0]:.4f} .. "
               f"{result['losses'][-1]:.4f}", flush=True)

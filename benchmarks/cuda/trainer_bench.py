@@ -34,12 +34,11 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
 from benchmarks.common import PEFT_TARGETS
-from benchmarks.common import child_env
+from benchmarks.common import child_result
 from benchmarks.common import distributed_workers
 from benchmarks.common import environment
 from benchmarks.common import pyplot
@@ -232,14 +231,9 @@ def main() -> int:
     for variant in opts.variants.split(","):
         torchrun = ["--standalone", "--nproc_per_node", str(opts.gpus)] if opts.gpus > 1 or opts.deepspeed else None
         cmd = python_m("benchmarks.cuda.trainer_bench", *passed, "--one", variant, torchrun=torchrun)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            results[variant] = {"variant": variant, "error": proc.stderr[-3000:]}
-            print(f"{variant}: failed\n{proc.stderr[-3000:]}", flush=True)
+        results[variant] = r = child_result(cmd, variant)
+        if "error" in r:
             continue
-        results[variant] = json.loads(lines[-1].removeprefix("RESULT "))
-        r = results[variant]
         print(f"{variant:18s} {r['steady_tokens_per_second']:9.0f} tok/s steady  {r['train_tokens_per_second']} "
               f"tok/s Trainer  {r['peak_memory_gib']:.2f} GiB  first/last loss {r['losses'][0]:.4f}/"
               f"{r['losses'][-1]:.4f}", flush=True)
