@@ -185,6 +185,16 @@ def forward_object(value: object) -> _LazyForward | None:
     return value if isinstance(value, _LazyForward) else None
 
 
+def _forward_of_module(module: Any) -> _LazyForward:
+    """The kernels-core forward kernelize bound to ``module``, for a call whose ``self`` is the module."""
+    record = record_of(module)
+    found = [f for f in map(forward_object, record.bound.values()) if f is not None] if record is not None else []
+    if len(found) != 1:
+        raise KernelizeError(f"a kernels-core forward was called on {type(module).__qualname__}, which holds "
+                             f"{len(found)} kernels-core forwards; kernelize the model again")
+    return found[0]
+
+
 def _kernels_of(value: object) -> list[tuple[str, str]]:
     """(kernel id, what to say about it) of each kernel a bound forward runs."""
     value = forward_object(value)
@@ -673,6 +683,10 @@ class _LazyForward(Persisted):
         # Once per kernelized module per step: the try costs nothing unless something raises. The check is a dict
         # lookup and two attribute reads (under torch.compile, guards on the parameter rather than graph code);
         # for a rerouted forward, one kernel that does not serve the parameters runs the class forward without any.
+        if not isinstance(self, _LazyForward):
+            # Code wrapping a module's forward may bind the function of the method kernelize put there to the
+            # module itself, taking it for the module's own method (accelerate's mixed precision does).
+            self = _forward_of_module(self)
         params = self._probe_params
         if params is not None:
             probe = params.get(self._probe_name)
