@@ -185,10 +185,14 @@ def forward_object(value: object) -> _LazyForward | None:
     return value if isinstance(value, _LazyForward) else None
 
 
+def forwards_in(record: BindingRecord | None) -> list[_LazyForward]:
+    """The kernels-core forwards among what a binding record says kernelize bound (none for a plugin's own)."""
+    return [f for f in map(forward_object, record.bound.values()) if f is not None] if record is not None else []
+
+
 def _forward_of_module(module: Any) -> _LazyForward:
     """The kernels-core forward kernelize bound to ``module``, for a call whose ``self`` is the module."""
-    record = record_of(module)
-    found = [f for f in map(forward_object, record.bound.values()) if f is not None] if record is not None else []
+    found = forwards_in(record_of(module))
     if len(found) != 1:
         raise KernelizeError(f"a kernels-core forward was called on {type(module).__qualname__}, which holds "
                              f"{len(found)} kernels-core forwards; kernelize the model again")

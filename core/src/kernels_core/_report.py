@@ -13,7 +13,7 @@ from typing import Any
 
 from ._binding import record_of
 from ._binding import stored_report
-from ._forward import forward_object
+from ._forward import forwards_in
 from .persisted import Persisted
 
 
@@ -237,7 +237,7 @@ def _binding_state(model: nn.Module, name: str) -> tuple[str | None, set[str], d
     if record is None:
         return ("its binding was removed since kernelize (unkernelize of a part of the model, or a copy of that "
                 "part)"), set(), {}
-    forwards = [f for f in map(forward_object, record.bound.values()) if f is not None]
+    forwards = forwards_in(record)
     # A plugin's own binding holds other objects: its kernels run as bound.
     failing = forwards[0].runtime_problems() if len(forwards) == 1 else []
     then = ("each call raises KernelizeError, since configuration prefers it" if any(d.preferred for d, _ in failing)
