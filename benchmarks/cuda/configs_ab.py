@@ -14,7 +14,11 @@ one, so a side can run another source tree (for example a copy of a package befo
         --sides before:PYTHONPATH=.abtree/triton:.abtree/cuda after --out benchmarks/results/y.json
 
 ``--layout packed`` (or ``mixed``) sends the 8,192 tokens of a step as one packed row of documents instead
-(``packing_bench``'s layouts), for an A/B of the packed-attention path.
+(``packing_bench``'s layouts), for an A/B of the packed-attention path. A side that sets ``CONFIGS_AB_LAYOUT``
+uses that layout instead of ``--layout``, so one A/B can set packed rows against unpacked ones on the same tree:
+
+    python -m benchmarks.cuda.configs_ab --shapes qwen3-0.6b \
+        --sides packed:CONFIGS_AB_LAYOUT=packed unpacked:CONFIGS_AB_LAYOUT=unpacked --out /tmp/packed-vs-unpacked.json
 
 With ``--name``, the output file holds one named run per A/B (``runs``) and the run of that name is replaced or
 added, so one file per device keeps every current A/B (``benchmarks/results/configs-ab-h100.json``).
@@ -44,6 +48,9 @@ from benchmarks.common import write_json
 
 
 BATCH, SEQ = 4, 2048
+LAYOUTS = ("unpacked", "packed", "mixed")
+# A side's own layout (see the module docstring), read by its child process.
+LAYOUT_VAR = "CONFIGS_AB_LAYOUT"
 
 # Published configs (Hugging Face model cards' config.json), sizes only: rope scaling and generation settings do
 # not change a training step's cost. "layers" is how many decoder layers are built.
@@ -208,16 +215,21 @@ def main() -> None:
     parser.add_argument("--name", help="store the A/B as the run of this name in --out, beside its other runs")
     parser.add_argument("--compile", action="store_true",
                         help="kernelize with Mode.TORCH_COMPILE and time torch.compile(model)")
-    parser.add_argument("--layout", choices=("unpacked", "packed", "mixed"), default="unpacked",
+    parser.add_argument("--layout", choices=LAYOUTS, default="unpacked",
                         help="unpacked: batch 4 x 2048; packed: those 4 documents in one row (restarting position "
                              "ids, no cache: attention per document); mixed: documents of 64-4,096 tokens in one "
-                             "row (packing_bench's layouts; tokens/s counts real tokens)")
+                             "row (packing_bench's layouts; tokens/s counts real tokens); a side's "
+                             f"{LAYOUT_VAR} overrides it")
     parser.add_argument("--child", nargs=2, metavar=("SHAPE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         shape, out = args.child
+        layout = os.environ.get(LAYOUT_VAR, args.layout)
         try:
-            result = train(shape, args.steps, args.warmup, compile_model=args.compile, layout=args.layout)
+            if layout not in LAYOUTS:
+                raise ValueError(f"{LAYOUT_VAR}={layout!r}: expected one of {LAYOUTS}")
+            result = {"layout": layout,
+                      **train(shape, args.steps, args.warmup, compile_model=args.compile, layout=layout)}
         except Exception as exc:  # noqa: BLE001 - a failing shape is a result to report
             result = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
         pathlib.Path(out).write_text(json.dumps(result))
