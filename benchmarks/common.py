@@ -82,7 +82,7 @@ def write_json(path: pathlib.Path, payload: dict) -> None:
 
 
 def train_steps(runner, parameters, batch: torch.Tensor | Mapping[str, torch.Tensor], *, steps: int,
-                warmup: int) -> tuple[dict, object]:
+                warmup: int, from_host: torch.device | None = None) -> tuple[dict, object]:
     """Time AdamW (fused, lr 1e-5) training steps of ``runner(input_ids=batch, labels=batch).loss`` (or
     ``runner(**batch).loss`` for a batch of named tensors: packed rows with their position ids, say).
 
@@ -92,13 +92,20 @@ def train_steps(runner, parameters, batch: torch.Tensor | Mapping[str, torch.Ten
     ``first_step_s``, ``seconds`` (the timed steps), ``peak_bytes``, ``host_queue_s`` (when the host finished
     queueing each timed step: a one-off stall shows there) and ``losses`` (warm-up steps, then the last step).
     On a CPU ``batch`` (a smoke test) ``peak_bytes`` is None.
+
+    With ``from_host`` (a device), ``batch`` stays in pinned host memory and every step copies it to that device
+    first, blocking, as the Trainer's data loader does (accelerate's ``send_to_device``, ``non_blocking=False``):
+    the host then waits for the GPU once a step, as in a real training loop, instead of queueing steps ahead.
     """
     opt = torch.optim.AdamW(parameters, lr=1e-5, fused=True)
     inputs = {"input_ids": batch, "labels": batch} if isinstance(batch, torch.Tensor) else batch
-    cuda = inputs["input_ids"].device.type == "cuda"
+    if from_host is not None:
+        inputs = {name: tensor.cpu().pin_memory() for name, tensor in inputs.items()}
+    cuda = (from_host or inputs["input_ids"].device).type == "cuda"
 
     def step() -> torch.Tensor:
-        loss = runner(**inputs).loss
+        on_device = inputs if from_host is None else {name: t.to(from_host) for name, t in inputs.items()}
+        loss = runner(**on_device).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -113,7 +113,8 @@ def _wait_for_background_builds() -> str:
     return settle_cpp_extension()
 
 
-def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False, layout: str = "unpacked") -> dict:
+def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False, layout: str = "unpacked",
+          host_batches: bool = False) -> dict:
     import kernels_core
     import kernels_triton
     import torch
@@ -141,7 +142,10 @@ def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False, l
 
         batch, real = batch_for(layout, vocab, "cuda")
     runner = torch.compile(model) if compile_model else model
-    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup)
+    if isinstance(batch, torch.Tensor):
+        batch = {"input_ids": batch, "labels": batch}
+    timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup,
+                           from_host=torch.device("cuda") if host_batches else None)
     return {
         "train_tokens_per_s": steps * real / timed["seconds"],
         "train_step_ms": 1e3 * timed["seconds"] / steps,
@@ -220,6 +224,10 @@ def main() -> None:
                              "ids, no cache: attention per document); mixed: documents of 64-4,096 tokens in one "
                              "row (packing_bench's layouts; tokens/s counts real tokens); a side's "
                              f"{LAYOUT_VAR} overrides it")
+    parser.add_argument("--host-batches", action="store_true",
+                        help="keep each step's batch in pinned host memory and copy it to the GPU every step, "
+                             "blocking, as the Trainer's data loader does (the host then waits for the GPU once a "
+                             "step)")
     parser.add_argument("--child", nargs=2, metavar=("SHAPE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -229,7 +237,8 @@ def main() -> None:
             if layout not in LAYOUTS:
                 raise ValueError(f"{LAYOUT_VAR}={layout!r}: expected one of {LAYOUTS}")
             result = {"layout": layout,
-                      **train(shape, args.steps, args.warmup, compile_model=args.compile, layout=layout)}
+                      **train(shape, args.steps, args.warmup, compile_model=args.compile, layout=layout,
+                             host_batches=args.host_batches)}
         except Exception as exc:  # noqa: BLE001 - a failing shape is a result to report
             result = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": traceback.format_exc()[-3000:]}
         pathlib.Path(out).write_text(json.dumps(result))
@@ -248,7 +257,8 @@ def main() -> None:
         how = "kernelize(Mode.TRAINING | Mode.TORCH_COMPILE), torch.compile"
     payload = {"what": args.what, "commit": args.commit, "environment": environment(),
                "setup": f"{how}, bf16, sdpa, AdamW(fused), batch {BATCH}x{SEQ} ({args.layout}), "
-                        f"{args.warmup} warm-up + {args.steps} timed steps per process",
+                        f"{args.warmup} warm-up + {args.steps} timed steps per process"
+                        + (", each step's batch copied from pinned host memory" if args.host_batches else ""),
                "shapes": {name: {k: v for k, v in SHAPES[name].items()} for name in shapes},
                "sides": dict(sides), "rows": rows}
     runs = [(round_index, shape, side) for round_index in range(args.rounds) for shape in shapes
@@ -261,6 +271,7 @@ def main() -> None:
         tmp = args.out.with_name(f".{shape}.{name}.json")
         cmd = python_m("benchmarks.cuda.configs_ab", "--child", shape, str(tmp), "--steps", str(args.steps),
                        "--warmup", str(args.warmup), "--layout", args.layout,
+                       *(["--host-batches"] if args.host_batches else []),
                        *(["--compile"] if args.compile else []))
         row = {"round": round_index, "shape": shape, "side": name}
         result, error = run_child(cmd, tmp, timeout=args.timeout, env=side_environment(changes))
