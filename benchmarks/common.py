@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import importlib.metadata
@@ -26,6 +27,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from types import ModuleType
@@ -74,6 +76,39 @@ def environment() -> dict:
         "transformers": version("transformers"),
         "liger_kernel": version("liger-kernel"),
     }
+
+
+@contextlib.contextmanager
+def modeling_globals_kept(prefix: str = "transformers.models.") -> Iterator[None]:
+    """Undo, on exit, what the block rebound in the loaded modules whose names start with ``prefix``.
+
+    Liger-Kernel's per-instance patch (``_apply_liger_kernel_to_instance``, what the Trainer's ``use_liger_kernel``
+    calls) also rebinds names of the family's modeling module, process-wide: ``apply_rotary_pos_emb``, the RMSNorm
+    and MLP classes. A benchmark that runs several variants in one process (``distributed_bench``) would otherwise
+    build every later model of that family from Liger's classes, and kernelize would find Liger's functions in it.
+
+    Example:
+        >>> import sys, types
+        >>> sys.modules["transformers.models.demo"] = demo = types.ModuleType("transformers.models.demo")
+        >>> demo.rotate = "eager"
+        >>> with modeling_globals_kept():
+        ...     demo.rotate, demo.added = "patched", "new"
+        >>> demo.rotate, hasattr(demo, "added")
+        ('eager', False)
+        >>> del sys.modules["transformers.models.demo"]
+    """
+    saved = {name: dict(vars(module)) for name, module in list(sys.modules.items())
+             if name.startswith(prefix) and module is not None}
+    try:
+        yield
+    finally:
+        for name, before in saved.items():
+            namespace = vars(sys.modules.get(name) or ModuleType(name))
+            for key in [key for key in namespace if key not in before]:
+                del namespace[key]
+            for key, value in before.items():
+                if namespace.get(key) is not value:
+                    namespace[key] = value
 
 
 def write_json(path: pathlib.Path, payload: dict) -> None:

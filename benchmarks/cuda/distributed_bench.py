@@ -96,6 +96,7 @@ from benchmarks.common import distributed_workers
 from benchmarks.common import environment
 from benchmarks.common import fp8_linear_config
 from benchmarks.common import host_profile_step
+from benchmarks.common import modeling_globals_kept
 from benchmarks.common import profile_step
 from benchmarks.common import require_cuda_kernels
 from benchmarks.common import settle_cpp_extension
@@ -782,7 +783,10 @@ def main() -> None:
             if rank == 0:
                 print(f"== {name} ({time.strftime('%X')}, round {repeat + 1}/{args.repeats})", flush=True)
             try:
-                row = run_variant(name, args, device, batches)
+                # A variant may patch transformers' modeling modules process-wide (Liger does): the next variant
+                # builds its model from the modules as they were.
+                with modeling_globals_kept():
+                    row = run_variant(name, args, device, batches)
             except Exception as exc:  # noqa: BLE001 - a crashing variant is a result to report; others still run
                 how, order = VARIANTS[split_variant(name)[0]]
                 row = {"variant": name, "wrapper": how, "kernelize": order, "peft": args.peft,
