@@ -131,9 +131,16 @@ MODELS_HEADLINE = {"moe-h100": ("MoE training", (("kernelize", "eager"), ("kerne
                    "gemma-h100": ("Training", (("kernelize", "compile"), ("kernelize_compile", "compile"))),
                    "granite-h200": ("Training", (("kernelize", "eager"), ("kernelize", "liger"),
                                                  ("kernelize_compile", "compile"))),
-                   "deepseek-v2-lite-h200": ("MLA + MoE training", (("kernelize", "eager"),))}
+                   "deepseek-v2-lite-h200": ("MLA + MoE training", (("kernelize", "eager"),)),
+                   "models-llama-3.1-8b-fp8-h200": ("Training with activation checkpointing",
+                                                    (("fp8_tensorwise", "kernelize_compile"),
+                                                     ("fp8_rowwise", "kernelize_compile")))}
+# How the README names a models_bench variant where its name with " + " for "_" would not read.
+VARIANT_NAMES = {"fp8_tensorwise": "kernelize + compile + FP8 (tensorwise)",
+                 "fp8_rowwise": "kernelize + compile + FP8 (rowwise)"}
 # How the README names each models_bench baseline.
-BASELINES = {"eager": "eager", "compile": "`torch.compile`", "liger": "Liger-Kernel"}
+BASELINES = {"eager": "eager", "compile": "`torch.compile`", "liger": "Liger-Kernel",
+             "kernelize_compile": "kernelize + compile, bf16"}
 
 
 # Results on the benchmarks page only: the README's table keeps one row per question (the others are repeats, the
