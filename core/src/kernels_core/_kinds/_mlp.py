@@ -74,12 +74,19 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     weight = next(module.parameters(), None)
     if weight is None or weight.device.type == "meta":
         return ("silu_gated_mlp", Decline("silu_gated_mlp", "parameters are on the meta device; cannot verify"))
-    activation = _reference.identify_activation(_activation_module(module), device=weight.device)
-    kind = _KIND_FOR_ACTIVATION.get(activation or "")
-    if kind is None:
-        what = activation or "unrecognised"
-        return ("silu_gated_mlp",
-                Decline("silu_gated_mlp", f"gated MLP whose activation is {what}, not SiLU or tanh-GELU"))
+    act = _activation_module(module)
+    if act is None:
+        # No activation attribute: the forward applies it inline (F.silu in remote code) or is another library's
+        # (Liger-Kernel's LigerSwiGLUMLP). The probe below decides which activation, if any, its output has.
+        candidates: tuple[str, ...] = tuple(_KIND_FOR_ACTIVATION)
+    else:
+        activation = _reference.identify_activation(act, device=weight.device)
+        if activation not in _KIND_FOR_ACTIVATION:
+            what = activation or "unrecognised"
+            return ("silu_gated_mlp",
+                    Decline("silu_gated_mlp", f"gated MLP whose activation is {what}, not SiLU or tanh-GELU"))
+        candidates = (activation,)
+    kind = _KIND_FOR_ACTIVATION[candidates[0]]
     in_features = module.down_proj.out_features if isinstance(module.down_proj, nn.Linear) else None
     in_features = getattr(module.gate_proj if layout == "split" else module.gate_up_proj, "in_features", in_features)
     if not isinstance(in_features, int):
@@ -89,26 +96,36 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     gen = ctx.generator(weight.device)
     x = ctx.randn(1, 3, in_features, device=weight.device, dtype=dtype, gen=gen)
 
-    def reference(x: torch.Tensor) -> torch.Tensor:
-        gate, up = _gate_up(module, layout, x)
-        return module.down_proj(_reference.gated_activation(gate, up, activation=activation))
+    def reference_for(activation: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        def reference(x: torch.Tensor) -> torch.Tensor:
+            gate, up = _gate_up(module, layout, x)
+            return module.down_proj(_reference.gated_activation(gate, up, activation=activation))
+
+        return reference
 
     try:
         # The projections run in both (the adapter calls them): dropout inside them (PEFT LoRA) draws the same
         # masks in the same order: run_probe gives each run its own generator, seeded alike.
         outputs = ctx.run_probe(module, ctx.original_forward(module), x)
-        references = ctx.run_probe(module, reference, x)
+        probed = {name: ctx.run_probe(module, reference_for(name), x) for name in candidates}
     except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
         return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
-    expected = references[0]
-    if not bool(expected.abs().max() > 0):
+    if not bool(probed[candidates[0]][0].abs().max() > 0):
         return (kind, Decline(kind, "probe is inconclusive: the output is all zeros with these weights"))
-    if not all(close(actual, ref, dtype) for actual, ref in zip(outputs, references, strict=True)):
-        err = max((rel_error(a, ref) if isinstance(a, torch.Tensor) and a.shape == ref.shape
-                   else float("inf")) for a, ref in zip(outputs, references, strict=True))
-        return (kind, Decline(kind, f"probe output differs from down({activation}(gate)*up) in eval or training "
-                                    f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, extra "
-                                    "terms?)"))
+    errors: dict[str, float] = {}
+    for name, references in probed.items():
+        if all(close(actual, ref, dtype) for actual, ref in zip(outputs, references, strict=True)):
+            activation, kind, reference = name, _KIND_FOR_ACTIVATION[name], reference_for(name)
+            break
+        errors[name] = max((rel_error(a, ref) if isinstance(a, torch.Tensor) and a.shape == ref.shape
+                            else float("inf")) for a, ref in zip(outputs, references, strict=True))
+    else:
+        differs = " nor ".join(f"down({name}(gate)*up) (rel. error {err:.1e})" for name, err in errors.items())
+        how = "matches neither " if len(errors) > 1 else "differs from "
+        unnamed = ("; the module names no activation attribute, so each known one was tried" if act is None
+                   else "")
+        return (kind, Decline(kind, f"probe output {how}{differs} in eval or training behaviour; math differs "
+                                    f"(multipliers, dropout, extra terms?){unnamed}"))
     # Random unit rows never reach an activation bound (DeepSeek-V4's SwiGLU limit clamps gate and up at 10): the
     # same rows scaled until the largest pre-activation is large_activation() must give the reference math too.
     with torch.no_grad():
