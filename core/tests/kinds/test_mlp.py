@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import kernels_core
 import pytest
+import reference_plugin
 import torch
 import torch.nn.functional as F
 from kernels_core import Mode
 from torch import nn
-
-import reference_plugin
 
 
 ACTIVATIONS = {

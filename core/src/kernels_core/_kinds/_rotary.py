@@ -281,7 +281,9 @@ def _classify_rotary(module: nn.Module, ctx: MatchContext) -> Match | Decline:
         given = (cos[..., : rotary_dim // 2], sin[..., : rotary_dim // 2]) if per_pair else (cos, sin)
         with torch.no_grad():
             try:
-                actual = fn(q, k, *given)
+                # On copies: a function may rotate q and k in place (Liger-Kernel's rope writes into them), and the
+                # references below, like the kernel trial that replays this probe, read the unrotated inputs.
+                actual = fn(q.clone(), k.clone(), *given)
             except Exception as exc:  # noqa: BLE001 - an unusual signature or layout: leave it alone
                 failure = f"probe of {global_name} raised {type(exc).__name__}: {exc}"
                 continue
