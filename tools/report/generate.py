@@ -540,6 +540,19 @@ if __name__ == "__main__":
 
 
 def _packing_rows(stem: str, run: dict, add: Callable[..., None]) -> None:
+    ab = (run.get("summary") or {}).get("qwen3-0.6b", {}).get("packed/unpacked")
+    if ab:
+        # configs_ab: packed and unpacked sides alternating in one A/B, the median of the per-round ratios.
+        host = "from pinned host memory" in run.get("setup", "")
+        where = ("copied from the host, as the Trainer's data loader sends it" if host
+                 else "kept on the GPU")
+        packed = run["summary"]["qwen3-0.6b"]["packed"]
+        add(stem, f"Packed rows (4 documents of 2,048 tokens in one row), Qwen3-0.6B shape: kernelize, each step's "
+            f"batch {where}", "kernelize, the same documents unpacked", ab["median_of_round_ratios"],
+            f"{ab['median_of_round_ratios']:.2f}x, median of {len(ab['round_ratios'])} alternating rounds "
+            f"({thousands(packed['median'])} tok/s)", "-", commit_of(run),
+            label=f"Packed / unpacked, batches {'from the host' if host else 'on the GPU'} ({short_device(run)})")
+        return
     rows = {(r.get("layout"), r.get("variant")): r for r in run.get("rows", ()) if r.get("tokens_per_s")}
     packed, mixed = rows.get(("packed", "kernelize")), rows.get(("mixed", "kernelize"))
     compiled = rows.get(("packed", "kernelize_compile"))
