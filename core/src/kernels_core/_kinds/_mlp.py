@@ -120,12 +120,14 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
         errors[name] = max((rel_error(a, ref) if isinstance(a, torch.Tensor) and a.shape == ref.shape
                             else float("inf")) for a, ref in zip(outputs, references, strict=True))
     else:
-        differs = " nor ".join(f"down({name}(gate)*up) (rel. error {err:.1e})" for name, err in errors.items())
-        how = "matches neither " if len(errors) > 1 else "differs from "
-        unnamed = ("; the module names no activation attribute, so each known one was tried" if act is None
-                   else "")
-        return (kind, Decline(kind, f"probe output {how}{differs} in eval or training behaviour; math differs "
-                                    f"(multipliers, dropout, extra terms?){unnamed}"))
+        if len(errors) == 1:
+            ((name, err),) = errors.items()
+            return (kind, Decline(kind, f"probe output differs from down({name}(gate)*up) in eval or training "
+                                        f"behaviour (rel. error {err:.1e}); math differs (multipliers, dropout, "
+                                        "extra terms?)"))
+        tried = " nor ".join(f"down({name}(gate)*up) (rel. error {err:.1e})" for name, err in errors.items())
+        return (kind, Decline(kind, f"probe output matches neither {tried} in eval or training behaviour; the "
+                                    "module names no activation attribute, so each known one was tried"))
     # Random unit rows never reach an activation bound (DeepSeek-V4's SwiGLU limit clamps gate and up at 10): the
     # same rows scaled until the largest pre-activation is large_activation() must give the reference math too.
     with torch.no_grad():
