@@ -12,6 +12,7 @@ Example:
 """
 
 from ._portable._cross_entropy import fused_linear_cross_entropy
+from ._portable._packed_attention import document_bounds
 from ._portable._packed_attention import equal_documents
 from ._portable._packed_attention import packed_attention
 from ._portable._residual_rms_norm import residual_rms_norm
@@ -19,5 +20,5 @@ from ._portable._rms_norm import rms_norm
 from ._portable._silu_mul import silu_mul
 
 
-__all__ = ["equal_documents", "fused_linear_cross_entropy", "packed_attention", "residual_rms_norm", "rms_norm",
-           "silu_mul"]
+__all__ = ["document_bounds", "equal_documents", "fused_linear_cross_entropy", "packed_attention",
+           "residual_rms_norm", "rms_norm", "silu_mul"]

@@ -327,3 +327,46 @@ def test_compiled_rows_take_the_masked_kernel(pm, monkeypatch, family, overrides
     for name, parameter in twin.named_parameters():
         assert_close(parameter.grad, eager_grads[name], dtype=torch.float32)
     torch._dynamo.reset()
+
+
+_HOST_READS = ("__bool__", "item", "tolist", "nonzero")
+
+
+def _host_reads_from_kernels_core(model: torch.nn.Module, batch: dict[str, torch.Tensor], monkeypatch) -> int:
+    """How many times one forward of ``model`` reads tensor values back to the host from kernels-core's code (on a
+    GPU each is a wait for the queue the host built ahead)."""
+    import sys
+
+    count = 0
+
+    def counting(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            nonlocal count
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            count += caller.startswith("kernels_core")
+            return original(self, *args, **kwargs)
+
+        return read
+
+    with monkeypatch.context() as patch:
+        for name in _HOST_READS:
+            patch.setattr(torch.Tensor, name, counting(name))
+        model(**batch)
+    return count
+
+
+@pytest.mark.parametrize("layers", [2, 6])
+def test_the_documents_are_read_to_the_host_once_a_forward_not_once_a_layer(pm, monkeypatch, layers):
+    """Reading the documents off the mask waits for the GPU once a forward (transformers' own packed-sequence
+    detection already waits once), whatever the depth: the verdict is kept on the mask every layer shares, and the
+    offsets as Python ints on cu_seqlens, where the portable kernel (documents of several lengths) finds them."""
+    model = _kernelized_copy(_model(use_cache=False, num_hidden_layers=layers), pm)
+    assert "any.packed_attention.per_document" in kernels_core.get_report(model).summary()
+    batch = _packed()  # documents of four lengths: the portable kernel's per-document calls need the offsets
+    model(**batch)  # a first forward: lazy set-up may read what it needs once
+    reads = _host_reads_from_kernels_core(model, batch, monkeypatch)
+    # documents_of: where documents start (nonzero), then the verdict and the offsets in one copy (tolist). Before,
+    # the portable kernel read the offsets again in every layer.
+    assert reads == 2

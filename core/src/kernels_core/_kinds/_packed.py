@@ -13,8 +13,9 @@ mask (a token starts a document where it cannot see the token before it) and che
 per document, or exactly that within a sliding window, before calling it. Any other mask (padding, a custom mask, a
 cache that lets documents see each other, no mask at all), and a batch of one document a row (an unpacked batch: a
 sliding-window layer's band mask), goes to the attention function the module had. The check
-costs one pass over the mask and one device-to-host copy per mask, not per layer: its result is kept on the mask
-tensor itself, which every layer of one forward shares.
+costs one pass over the mask and two small device-to-host reads per mask (where documents start; the verdict with
+the offsets), not per layer: its result is kept on the mask tensor itself, which every layer of one forward shares,
+and the offsets as Python ints on ``cu_seqlens`` (``kernels_core.portable.document_bounds``).
 
 Kernels of this kind follow this calling convention::
 
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._portable._packed_attention import remember_bounds
 from .._types import Decline
 from .._types import Match
 from .._types import Mode
@@ -150,11 +152,14 @@ def documents_of(mask: torch.Tensor, *, window: int | None, batch: int) -> Docum
         same &= (expected == allowed[:, first:first + rows]).all()
     starts = starts.expand(batch, length).reshape(-1)
     offsets = torch.cat([starts.nonzero().flatten(), torch.tensor([batch * length], device=mask.device)])
-    # One device-to-host copy for both facts the kernel needs on the host.
-    same, longest = torch.stack([same.long(), offsets.diff().max()]).tolist()
+    # One device-to-host copy for the verdict and the offsets: the host needs the longest document's length, and a
+    # kernel that takes the offsets as Python ints (the portable one) finds them kept on cu_seqlens.
+    same, *bounds = torch.cat([same.long().reshape(1), offsets]).tolist()
     if not same:
         return None
-    return Documents(cu_seqlens=offsets.to(torch.int32), max_seqlen=int(longest))
+    cu_seqlens = offsets.to(torch.int32)
+    remember_bounds(cu_seqlens, bounds)
+    return Documents(cu_seqlens=cu_seqlens, max_seqlen=max(b - a for a, b in zip(bounds, bounds[1:], strict=False)))
 
 
 def _memoized_documents(mask: torch.Tensor, *, window: int | None, batch: int) -> Documents | None:

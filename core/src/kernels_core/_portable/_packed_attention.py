@@ -25,7 +25,35 @@ import torch
 import torch.nn.functional as F
 
 
-__all__ = ["equal_documents", "packed_attention"]
+__all__ = ["document_bounds", "equal_documents", "packed_attention", "remember_bounds"]
+
+# Where the offsets read back to the host are kept: on the cu_seqlens tensor, which every layer of one forward
+# shares, so a kernel that needs them as Python ints reads them once a forward, not once a layer.
+_BOUNDS_ATTR = "_kernels_core_bounds"
+
+
+def remember_bounds(cu_seqlens: torch.Tensor, bounds: list[int]) -> None:
+    """Keep ``bounds`` (``cu_seqlens`` as Python ints, already on the host) for :func:`document_bounds`."""
+    cu_seqlens.__dict__[_BOUNDS_ATTR] = (cu_seqlens._version, bounds)
+
+
+def document_bounds(cu_seqlens: torch.Tensor) -> list[int]:
+    """The document offsets as Python ints: read from the device once per tensor (and kept on it), or given by
+    whoever built the tensor from offsets it already had on the host.
+
+    Example:
+        >>> import torch
+        >>> cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+        >>> document_bounds(cu)
+        [0, 3, 8]
+        >>> remember_bounds(cu, [0, 3, 8]); document_bounds(cu)
+        [0, 3, 8]
+    """
+    version, bounds = cu_seqlens.__dict__.get(_BOUNDS_ATTR, (None, None))
+    if bounds is None or version != cu_seqlens._version:
+        bounds = cu_seqlens.tolist()
+        remember_bounds(cu_seqlens, bounds)
+    return bounds
 
 
 def equal_documents(query: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> bool:
@@ -74,7 +102,7 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         shaped = [t.unflatten(0, (-1, max_seqlen)) for t in (query, key, value)]
         return _causal(*shaped, scale=scale, window=window).flatten(0, 1)
     outputs = []
-    bounds = cu_seqlens.tolist()
+    bounds = document_bounds(cu_seqlens)
     for start, end in zip(bounds[:-1], bounds[1:], strict=False):
         outputs.append(_causal(*(t[None, start:end] for t in (query, key, value)), scale=scale, window=window)[0])
     return torch.cat(outputs) if outputs else query.new_empty(query.shape[0], query.shape[1], value.shape[-1])
