@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernels_core.portable import document_bounds
 from kernels_core.portable import equal_documents
 from kernels_core.portable import packed_attention
 
@@ -91,3 +92,16 @@ def test_no_documents_give_an_empty_output():
     out = packed_attention(q, q, q, cu_seqlens=torch.tensor([0], dtype=torch.int32), max_seqlen=0, scale=1.0,
                            window=None)
     assert out.shape == (0, 2, 4)
+
+
+def test_document_bounds_are_read_once_per_tensor_and_again_after_a_write(monkeypatch):
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or original(self))
+    assert document_bounds(cu) == [0, 3, 8]
+    assert document_bounds(cu) == [0, 3, 8]
+    assert len(reads) == 1  # kept on the tensor: every layer of a forward shares it
+    cu[1] = 5  # written in place: what was kept no longer describes it
+    assert document_bounds(cu) == [0, 5, 8]
+    assert len(reads) == 2
