@@ -57,7 +57,8 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
     setup = fsdp_setup(data)
     counts = gpu_counts(data)
     runs = [(int(n), data["runs"][n]) for n in counts] or [(gpu_count(data), data)]
-    where = " and ".join(str(gpus) for gpus, _ in runs) + f" {short_device(data, 1)}s"
+    plural = "s" if len(runs) > 1 or str(runs[0][0]) != "1" else ""
+    where = " and ".join(str(gpus) for gpus, _ in runs) + f" {short_device(data, 1)}{plural}"
     parts = [f"## FSDP2 training, {model}{', ' + setup if setup else ''}, {where} (`{stem}.json`)", "",
              f"{data.get('config', '')}; {data.get('steps_timed')} timed steps after {data.get('steps_warmup')} "
              f"warm-up; {device_of(data)}, commit `{commit_of(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
