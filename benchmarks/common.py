@@ -97,13 +97,12 @@ def modeling_globals_kept(prefix: str = "transformers.models.") -> Iterator[None
         ('eager', False)
         >>> del sys.modules["transformers.models.demo"]
     """
-    saved = {name: dict(vars(module)) for name, module in list(sys.modules.items())
-             if name.startswith(prefix) and module is not None}
+    saved = [(vars(module), dict(vars(module))) for name, module in list(sys.modules.items())
+             if name.startswith(prefix) and module is not None]
     try:
         yield
     finally:
-        for name, before in saved.items():
-            namespace = vars(sys.modules.get(name) or ModuleType(name))
+        for namespace, before in saved:
             for key in [key for key in namespace if key not in before]:
                 del namespace[key]
             for key, value in before.items():

@@ -142,8 +142,6 @@ def train(shape: str, steps: int, warmup: int, *, compile_model: bool = False, l
 
         batch, real = batch_for(layout, vocab, "cuda")
     runner = torch.compile(model) if compile_model else model
-    if isinstance(batch, torch.Tensor):
-        batch = {"input_ids": batch, "labels": batch}
     timed, _ = train_steps(runner, model.parameters(), batch, steps=steps, warmup=warmup,
                            from_host=torch.device("cuda") if host_batches else None)
     return {

@@ -107,7 +107,8 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
         # The projections run in both (the adapter calls them): dropout inside them (PEFT LoRA) draws the same
         # masks in the same order: run_probe gives each run its own generator, seeded alike.
         outputs = ctx.run_probe(module, ctx.original_forward(module), x)
-        probed = {name: ctx.run_probe(module, reference_for(name), x) for name in candidates}
+        references_of = {name: reference_for(name) for name in candidates}
+        probed = {name: ctx.run_probe(module, fn, x) for name, fn in references_of.items()}
     except Exception as exc:  # noqa: BLE001 - a module we cannot probe is left alone
         return (kind, Decline(kind, f"probe forward raised {type(exc).__name__}: {exc}"))
     if not bool(probed[candidates[0]][0].abs().max() > 0):
@@ -115,7 +116,7 @@ def _classify(module: nn.Module, ctx: MatchContext) -> tuple[str, Match | Declin
     errors: dict[str, float] = {}
     for name, references in probed.items():
         if all(close(actual, ref, dtype) for actual, ref in zip(outputs, references, strict=True)):
-            activation, kind, reference = name, _KIND_FOR_ACTIVATION[name], reference_for(name)
+            activation, kind, reference = name, _KIND_FOR_ACTIVATION[name], references_of[name]
             break
         errors[name] = max((rel_error(a, ref) if isinstance(a, torch.Tensor) and a.shape == ref.shape
                             else float("inf")) for a, ref in zip(outputs, references, strict=True))
