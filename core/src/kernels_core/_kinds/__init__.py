@@ -48,7 +48,9 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("split", "fused"),
         matcher=f"{_P}._mlp:match_silu_gated_mlp",
         adapter=f"{_P}._mlp:adapt_gated_mlp",
-        options={},
+        # False: keep act(gate) * up for down_proj's weight gradient, as eager does, instead of recomputing it
+        # in backward (one [tokens, intermediate] tensor a layer less kept).
+        options={"recompute_product": bool},
         hint_names=("SwiGLUMLP", "MLP"),
     ),
     LayerKind(
@@ -57,7 +59,9 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("split", "fused"),
         matcher=f"{_P}._mlp:match_gelu_gated_mlp",
         adapter=f"{_P}._mlp:adapt_gated_mlp",
-        options={},
+        # False: keep act(gate) * up for down_proj's weight gradient, as eager does, instead of recomputing it
+        # in backward (one [tokens, intermediate] tensor a layer less kept).
+        options={"recompute_product": bool},
         hint_names=("GeGLUMLP",),
     ),
     LayerKind(

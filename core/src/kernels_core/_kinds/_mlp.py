@@ -2,6 +2,16 @@
 
 The adapter keeps the module's own projection sub-modules (so LoRA, quantized or sharded linears keep working)
 and hands only the activation-times-up product to the kernel; an activation sub-module is declared bypassed.
+
+In training, where ``down_proj`` is a plain ``nn.Linear`` whose weight learns, the product is not kept for
+backward: ``down_proj``'s weight gradient needs it, and eagerly autograd keeps it beside the gate and up it was
+computed from, one more ``[tokens, intermediate]`` tensor a layer (117 MB a layer at the Llama-3.1-8B shape and
+4,096 tokens; a fifth of a decoder layer's saved activations there). The backward recomputes it from the kept gate
+and up with the same kernel, one elementwise pass, and the gradients are what eager computes: the same operations
+on the same values (``test_mlp.py`` compares them bit for bit). Option ``recompute_product = false`` keeps it.
+Everything else about ``down_proj`` (LoRA, quantized or FP8 linears, forward hooks such as DeepSpeed ZeRO-3's or
+accelerate's, parameters sharded by FSDP2 that its own hooks gather, autocast, a trace under ``torch.compile``)
+takes the plain path, decided per call.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .._types import Decline
@@ -171,11 +182,57 @@ def match_gelu_gated_mlp(module: nn.Module, name: str, ctx: MatchContext) -> Mat
     return verdict[1] if verdict and verdict[0] == "gelu_gated_mlp" else None
 
 
+class _DownOfProduct(torch.autograd.Function):
+    """``linear(impl(gate, up), weight, bias)`` keeping gate and up for backward, not their product."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                impl: Callable[..., Any]) -> torch.Tensor:
+        ctx.impl = impl
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(gate, up, weight)
+        return F.linear(impl(gate, up), weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gate, up, weight = ctx.saved_tensors
+        wants_gate, wants_up, wants_weight, wants_bias, _ = ctx.needs_input_grad
+        # The saved gate and up keep their place in the graph: the kernel's own backward then sees intermediate
+        # tensors, as it does on the plain path, and may write their gradients into their storage.
+        with torch.enable_grad():
+            product = ctx.impl(gate, up)
+        flat = dout.reshape(-1, dout.shape[-1])
+        # What F.linear's backward computes, in the same operations: the gradients are eager's bit for bit.
+        dweight = flat.t().mm(product.detach().reshape(-1, product.shape[-1])) if wants_weight else None
+        dbias = flat.sum(0) if ctx.has_bias and wants_bias else None
+        inputs = tuple(t for t, wanted in ((gate, wants_gate), (up, wants_up)) if wanted)
+        grads = iter(torch.autograd.grad(product, inputs, dout.matmul(weight)) if inputs else ())
+        return (next(grads) if wants_gate else None, next(grads) if wants_up else None, dweight, dbias, None)
+
+
+def _recomputable(down: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """Whether this call of ``down_proj`` is exactly ``F.linear`` on a learning weight, and nothing about the
+    call asks autograd to keep what it keeps (a trace, autocast's casts)."""
+    if type(down) is not nn.Linear or down._forward_pre_hooks or down._forward_hooks or "forward" in down.__dict__:
+        return False
+    weight = down.weight
+    if (type(weight) is not nn.Parameter or not weight.requires_grad or hasattr(weight, "ds_id")
+            or not torch.is_grad_enabled() or not (gate.requires_grad or up.requires_grad)
+            or torch.compiler.is_compiling() or torch.is_autocast_enabled(gate.device.type)):
+        return False
+    hooks = nn.modules.module
+    return not (hooks._global_forward_pre_hooks or hooks._global_forward_hooks)
+
+
 def adapt_gated_mlp(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
     layout = match.params["layout"]
+    recompute = bool(options.get("recompute_product", True))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         gate, up = _gate_up(module, layout, x)
-        return module.down_proj(impl(gate, up))
+        down = module.down_proj
+        if recompute and _recomputable(down, gate, up):
+            return _DownOfProduct.apply(gate, up, down.weight, down.bias, impl)
+        return down(impl(gate, up))
 
     return forward

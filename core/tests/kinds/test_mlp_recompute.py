@@ -1,0 +1,244 @@
+"""A kernelized gated MLP keeps gate and up for backward, not ``act(gate) * up``, and computes eager's gradients.
+
+``down_proj``'s weight gradient needs the product; the adapter recomputes it in backward from the kept gate and up
+with the same kernel. These tests check what is kept (by the tensors autograd packs in the forward), that forward
+and gradients equal the plain path's bit for bit, that a kernel writing its gradients into the saved gate and up
+(as kernels-triton's and Liger-Kernel's do) still gives them, and that every call the recomputation cannot
+reproduce exactly (hooks on ``down_proj``, a subclass such as a LoRA layer, autocast, the option off) takes the plain
+path.
+"""
+
+from __future__ import annotations
+
+import kernels_core
+import pytest
+import torch
+import torch.nn.functional as F
+from kernels_core import Mode
+from kernels_core._kinds import _mlp
+from torch import nn
+
+
+HIDDEN, INTERMEDIATE = 16, 40
+
+
+class SplitMLP(nn.Module):
+    def __init__(self, *, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(HIDDEN, INTERMEDIATE, bias=bias)
+        self.up_proj = nn.Linear(HIDDEN, INTERMEDIATE, bias=bias)
+        self.down_proj = nn.Linear(INTERMEDIATE, HIDDEN, bias=bias)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class FusedMLP(nn.Module):
+    """Phi-3's layout: one ``gate_up_proj``, whose output's halves are gate and up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(HIDDEN, 2 * INTERMEDIATE, bias=False)
+        self.down_proj = nn.Linear(INTERMEDIATE, HIDDEN, bias=False)
+        self.activation_fn = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.activation_fn(gate) * up)
+
+
+class HookedLinear(nn.Linear):
+    """A subclass, as PEFT's and bitsandbytes' layers are: its forward is not known to be F.linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def _kernelized(module: nn.Module, pm, *, recompute: bool = True) -> nn.Module:
+    config = None if recompute else {"kinds": {"silu_gated_mlp": {"options": {"recompute_product": False}}}}
+    kernels_core.kernelize(module, mode=Mode.TRAINING, plugin_manager=pm, config=config)
+    (entry,) = [e for e in kernels_core.get_report(module).entries if e.kind == "silu_gated_mlp"]
+    assert entry.kernel == "ref.silu_gated_mlp", entry.reason
+    return module
+
+
+def _pair(factory, pm, dtype=torch.float32) -> tuple[nn.Module, nn.Module]:
+    """The same weights kernelized twice: recomputing the product, and keeping it (the plain path)."""
+    torch.manual_seed(0)
+    recomputing = factory().to(dtype)
+    keeping = factory().to(dtype)
+    keeping.load_state_dict(recomputing.state_dict())
+    return _kernelized(recomputing, pm), _kernelized(keeping, pm, recompute=False)
+
+
+def _run(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Output, then the gradients of x and of every parameter; and the saved tensors of intermediate width."""
+    x = x.clone().requires_grad_()
+    out = module(x)
+    out.backward(grad)
+    return out.detach(), [x.grad] + [p.grad for p in module.parameters()]
+
+
+def _kept_products(module: nn.Module, x: torch.Tensor) -> set[tuple[int, int]]:
+    """The distinct ``[.., INTERMEDIATE]`` tensors autograd keeps for backward in one forward (by storage and
+    offset: gate and up, views of one projection in the fused layout, count apart)."""
+    kept = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() and t.shape[-1] == INTERMEDIATE and t.shape[:-1] == x.shape[:-1]:
+            kept.add((t.untyped_storage().data_ptr(), t.storage_offset()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x.clone().requires_grad_())
+    return kept
+
+
+@pytest.mark.parametrize("factory", [SplitMLP, lambda: SplitMLP(bias=True), FusedMLP],
+                         ids=["split", "split-bias", "fused"])
+def test_the_product_is_recomputed_not_kept(factory, ref_pm):
+    recomputing, keeping = _pair(factory, ref_pm)
+    x = torch.randn(3, 7, HIDDEN)
+    # Gate and up alone, where the plain path keeps the product (and the reference kernel's own activation) too.
+    assert len(_kept_products(recomputing, x)) == 2
+    assert len(_kept_products(keeping, x)) >= 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("factory", [SplitMLP, lambda: SplitMLP(bias=True), FusedMLP],
+                         ids=["split", "split-bias", "fused"])
+def test_forward_and_gradients_equal_the_plain_path_bit_for_bit(factory, dtype, ref_pm):
+    """The recomputation runs the operations the plain path runs on the same values: no tolerance."""
+    recomputing, keeping = _pair(factory, ref_pm, dtype)
+    x = torch.randn(3, 7, HIDDEN, dtype=dtype)
+    grad = torch.randn(3, 7, HIDDEN, dtype=dtype)
+    out_r, grads_r = _run(recomputing, x, grad)
+    out_k, grads_k = _run(keeping, x, grad)
+    assert torch.equal(out_r, out_k)
+    assert len(grads_r) == len(grads_k)
+    for got, expected in zip(grads_r, grads_k, strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_gradients_match_the_modules_own_forward(ref_pm):
+    """Against the module's own forward in float32 (the widest dtype the kernels claim): the recomputed gradients
+    are the math, not only consistent with the plain path. The activation rounds alike in both: 1e-5 leaves room
+    for the order of a sum only."""
+    torch.manual_seed(1)
+    eager = SplitMLP(bias=True)
+    kernelized = SplitMLP(bias=True)
+    kernelized.load_state_dict(eager.state_dict())
+    _kernelized(kernelized, ref_pm)
+    x, grad = torch.randn(2, 5, HIDDEN), torch.randn(2, 5, HIDDEN)
+    out_e, grads_e = _run(eager, x, grad)
+    out_k, grads_k = _run(kernelized, x, grad)
+    torch.testing.assert_close(out_k, out_e, rtol=1e-5, atol=1e-5)
+    for got, expected in zip(grads_k, grads_e, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class _WritesIntoInputs(torch.autograd.Function):
+    """``silu(gate) * up`` whose backward writes the gradients into the saved gate and up, as kernels-triton's and
+    Liger-Kernel's kernels do for intermediate tensors."""
+
+    @staticmethod
+    def forward(ctx, gate, up):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, dout):  # noqa: ANN001, ANN205
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        dgate = dout * up * sig * (1 + gate * (1 - sig))
+        dup = dout * gate * sig
+        gate.copy_(dgate)
+        up.copy_(dup)
+        return gate, up
+
+
+def test_a_kernel_that_reuses_its_inputs_storage_still_gives_eager_gradients():
+    torch.manual_seed(2)
+    module = SplitMLP()
+    x = torch.randn(4, HIDDEN)
+    grad = torch.randn(4, HIDDEN)
+    out_e, grads_e = _run(module, x, grad)
+    module.zero_grad()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        gate, up = module.gate_proj(x), module.up_proj(x)
+        assert _mlp._recomputable(module.down_proj, gate, up)
+        return _mlp._DownOfProduct.apply(gate, up, module.down_proj.weight, None, _WritesIntoInputs.apply)
+
+    x_k = x.clone().requires_grad_()
+    out_k = forward(x_k)
+    out_k.backward(grad)
+    torch.testing.assert_close(out_k.detach(), out_e, rtol=1e-6, atol=1e-6)
+    for got, expected in zip([x_k.grad] + [p.grad for p in module.parameters()], grads_e, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def _hooked(module: nn.Module) -> nn.Module:
+    # ZeRO-3 gathers a layer's weight in a forward pre-hook of that layer; a call that bypasses down_proj's
+    # __call__ would read the empty partition.
+    module.down_proj.register_forward_pre_hook(lambda mod, args: None)
+    return module
+
+
+def _subclassed(module: nn.Module) -> nn.Module:
+    down = HookedLinear(INTERMEDIATE, HIDDEN, bias=False)
+    down.load_state_dict(module.down_proj.state_dict())
+    module.down_proj = down
+    return module
+
+
+def _frozen(module: nn.Module) -> nn.Module:
+    # LoRA elsewhere: a frozen down_proj's backward never needs the product, which eager then does not keep.
+    module.down_proj.weight.requires_grad_(False)
+    return module
+
+
+@pytest.mark.parametrize("change", [_hooked, _subclassed, _frozen], ids=["forward-hook", "subclass", "frozen"])
+def test_a_down_proj_other_than_a_learning_linear_takes_the_plain_path(change, ref_pm):
+    torch.manual_seed(3)
+    eager = change(SplitMLP())
+    kernelized = SplitMLP()
+    kernelized.load_state_dict(eager.state_dict())
+    kernelized = _kernelized(change(kernelized), ref_pm)
+    x = torch.randn(2, 3, HIDDEN)
+    assert not _mlp._recomputable(kernelized.down_proj, torch.ones(1, requires_grad=True), torch.ones(1))
+    out_e, grads_e = _run(eager, x, torch.ones(2, 3, HIDDEN))
+    out_k, grads_k = _run(kernelized, x, torch.ones(2, 3, HIDDEN))
+    torch.testing.assert_close(out_k, out_e, rtol=1e-6, atol=1e-6)
+    for got, expected in zip(grads_k, grads_e, strict=True):
+        if expected is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_under_autocast_the_plain_path_computes_eager(ref_pm):
+    """Autocast casts the weight for the matrix product; the recomputing function would not record the cast."""
+    torch.manual_seed(4)
+    eager = SplitMLP()
+    kernelized = SplitMLP()
+    kernelized.load_state_dict(eager.state_dict())
+    _kernelized(kernelized, ref_pm)
+    x = torch.randn(2, 3, HIDDEN)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _mlp._recomputable(kernelized.down_proj, torch.ones(1, requires_grad=True), torch.ones(1))
+        out_e, grads_e = _run(eager, x, torch.ones(2, 3, HIDDEN))
+        out_k, grads_k = _run(kernelized, x, torch.ones(2, 3, HIDDEN))
+    assert out_k.dtype == out_e.dtype == torch.bfloat16
+    # Both compute in bf16 (products rounded once, the activation and product in bf16): one bf16 rounding apart.
+    torch.testing.assert_close(out_k, out_e, rtol=2e-2, atol=2e-2)
+    for got, expected in zip(grads_k, grads_e, strict=True):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_an_unknown_option_of_the_kind_still_raises(ref_pm):
+    with pytest.raises(kernels_core.ConfigError, match="recompute"):
+        kernels_core.kernelize(SplitMLP(), mode=Mode.TRAINING, plugin_manager=ref_pm,
+                               config={"kinds": {"silu_gated_mlp": {"options": {"recompute": False}}}})
