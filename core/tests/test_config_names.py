@@ -293,6 +293,7 @@ def test_core_kinds_declare_the_options_their_adapters_read(pm):
     declared = {name: provided.kind.options for name, provided in pm.layer_kinds().items()}
     assert declared.pop("causal_lm_loss") == {"materialize_logits": bool}
     assert declared.pop("linear") == {"lm_head": bool}  # read by the matcher (MatchContext.options)
+    assert declared.pop("silu_gated_mlp") == declared.pop("gelu_gated_mlp") == {"recompute_product": bool}
     assert declared and all(options == {} for options in declared.values())
     assert len({provided.kind for provided in pm.layer_kinds().values()}) == len(pm.layer_kinds()), "kinds hash"
 

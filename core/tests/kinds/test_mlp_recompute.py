@@ -1,19 +1,23 @@
 """A kernelized gated MLP keeps gate and up for backward, not ``act(gate) * up``, and computes eager's gradients.
 
-``down_proj``'s weight gradient needs the product; the adapter recomputes it in backward from the kept gate and up
-with the same kernel. These tests check what is kept (by the tensors autograd packs in the forward), that forward
-and gradients equal the plain path's bit for bit, that a kernel writing its gradients into the saved gate and up
-(as kernels-triton's and Liger-Kernel's do) still gives them, and that every call the recomputation cannot
-reproduce exactly (hooks on ``down_proj``, a subclass such as a LoRA layer, autocast, the option off) takes the plain
-path.
+``down_proj``'s weight gradient needs the product; saved-tensor hooks around its call keep only the geometry of
+what it saves of the product, and its backward gets it back from the same kernel run on the kept gate and up. These
+tests check what is kept (by the tensors autograd packs in the forward), that forward and gradients equal the plain
+path's bit for bit, that a kernel writing its gradients into the saved gate and up (as kernels-triton's and
+Liger-Kernel's do) still gives eager's gradients (and a second backward raises instead of reading them), and that
+whatever ``down_proj`` is (hooked, a subclass as a LoRA layer is, frozen, under autocast, inside activation
+checkpointing) the gradients stay eager's.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import kernels_core
 import pytest
 import torch
 import torch.nn.functional as F
+from kernels_core import Match
 from kernels_core import Mode
 from kernels_core._kinds import _mlp
 from torch import nn
@@ -48,13 +52,6 @@ class FusedMLP(nn.Module):
         return self.down_proj(self.activation_fn(gate) * up)
 
 
-class HookedLinear(nn.Linear):
-    """A subclass, as PEFT's and bitsandbytes' layers are: its forward is not known to be F.linear."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) * 2
-
-
 def _kernelized(module: nn.Module, pm, *, recompute: bool = True) -> nn.Module:
     config = None if recompute else {"kinds": {"silu_gated_mlp": {"options": {"recompute_product": False}}}}
     kernels_core.kernelize(module, mode=Mode.TRAINING, plugin_manager=pm, config=config)
@@ -80,18 +77,17 @@ def _run(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> tuple[torch.
     return out.detach(), [x.grad] + [p.grad for p in module.parameters()]
 
 
-def _kept_products(module: nn.Module, x: torch.Tensor) -> set[tuple[int, int]]:
-    """The distinct ``[.., INTERMEDIATE]`` tensors autograd keeps for backward in one forward (by storage and
-    offset: gate and up, views of one projection in the fused layout, count apart)."""
-    kept = set()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() and t.shape[-1] == INTERMEDIATE and t.shape[:-1] == x.shape[:-1]:
-            kept.add((t.untyped_storage().data_ptr(), t.storage_offset()))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x.clone().requires_grad_())
+def _product_kept(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether anything keeps ``act(gate) * up``, the input of down_proj, alive once the forward returned (autograd's
+    saved tensors are the only holder left). A weak reference tells: saved-tensor hooks would not, since hooks of
+    the test's own would be the outer ones the adapter steps aside for."""
+    seen = []
+    handle = module.down_proj.register_forward_pre_hook(lambda mod, args: seen.append(weakref.ref(args[0])))
+    out = module(x.clone().requires_grad_())
+    handle.remove()
+    (product,) = seen
+    kept = product() is not None
+    del out
     return kept
 
 
@@ -100,9 +96,8 @@ def _kept_products(module: nn.Module, x: torch.Tensor) -> set[tuple[int, int]]:
 def test_the_product_is_recomputed_not_kept(factory, ref_pm):
     recomputing, keeping = _pair(factory, ref_pm)
     x = torch.randn(3, 7, HIDDEN)
-    # Gate and up alone, where the plain path keeps the product (and the reference kernel's own activation) too.
-    assert len(_kept_products(recomputing, x)) == 2
-    assert len(_kept_products(keeping, x)) >= 3
+    assert not _product_kept(recomputing, x)
+    assert _product_kept(keeping, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -155,33 +150,51 @@ class _WritesIntoInputs(torch.autograd.Function):
         dup = dout * gate * sig
         gate.copy_(dgate)
         up.copy_(dup)
+        torch.autograd.graph.increment_version((gate, up))
         return gate, up
+
+
+def _adapted(module: SplitMLP, impl) -> nn.Module:  # noqa: ANN001
+    """``module`` with the adapter's forward over ``impl``, as kernelize would bind it."""
+    forward = _mlp.adapt_gated_mlp(module, Match("silu_gated_mlp", "split", {"layout": "split"}), impl, {})
+    module.forward = forward
+    return module
 
 
 def test_a_kernel_that_reuses_its_inputs_storage_still_gives_eager_gradients():
     torch.manual_seed(2)
-    module = SplitMLP()
-    x = torch.randn(4, HIDDEN)
-    grad = torch.randn(4, HIDDEN)
-    out_e, grads_e = _run(module, x, grad)
-    module.zero_grad()
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        gate, up = module.gate_proj(x), module.up_proj(x)
-        assert _mlp._recomputable(module.down_proj, gate, up)
-        return _mlp._DownOfProduct.apply(gate, up, module.down_proj.weight, None, _WritesIntoInputs.apply)
-
-    x_k = x.clone().requires_grad_()
-    out_k = forward(x_k)
-    out_k.backward(grad)
-    torch.testing.assert_close(out_k.detach(), out_e, rtol=1e-6, atol=1e-6)
-    for got, expected in zip([x_k.grad] + [p.grad for p in module.parameters()], grads_e, strict=True):
+    eager = SplitMLP()
+    kernelized = SplitMLP()
+    kernelized.load_state_dict(eager.state_dict())
+    _adapted(kernelized, _WritesIntoInputs.apply)
+    x, grad = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN)
+    assert not _product_kept(kernelized, x)
+    out_e, grads_e = _run(eager, x, grad)
+    out_k, grads_k = _run(kernelized, x, grad)
+    torch.testing.assert_close(out_k, out_e, rtol=1e-6, atol=1e-6)
+    for got, expected in zip(grads_k, grads_e, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
+def test_a_second_backward_after_the_kernel_reused_gate_and_up_raises():
+    """The product cannot be recomputed from gradients: the hooks see the kernel's version bump and raise, as
+    autograd does for any saved tensor modified in place."""
+    module = _adapted(SplitMLP(), _WritesIntoInputs.apply)
+    out = module(torch.randn(4, HIDDEN, requires_grad=True)).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        out.backward()
+
+
+class HookedLinear(nn.Linear):
+    """A subclass, as PEFT's and bitsandbytes' layers are, doing more than F.linear with what it is given."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
 def _hooked(module: nn.Module) -> nn.Module:
-    # ZeRO-3 gathers a layer's weight in a forward pre-hook of that layer; a call that bypasses down_proj's
-    # __call__ would read the empty partition.
+    # ZeRO-3 gathers a layer's weight in a forward pre-hook of that layer: down_proj is still called as a module.
     module.down_proj.register_forward_pre_hook(lambda mod, args: None)
     return module
 
@@ -200,14 +213,15 @@ def _frozen(module: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("change", [_hooked, _subclassed, _frozen], ids=["forward-hook", "subclass", "frozen"])
-def test_a_down_proj_other_than_a_learning_linear_takes_the_plain_path(change, ref_pm):
+def test_whatever_down_proj_is_the_gradients_are_eager(change, ref_pm):
     torch.manual_seed(3)
     eager = change(SplitMLP())
     kernelized = SplitMLP()
     kernelized.load_state_dict(eager.state_dict())
     kernelized = _kernelized(change(kernelized), ref_pm)
     x = torch.randn(2, 3, HIDDEN)
-    assert not _mlp._recomputable(kernelized.down_proj, torch.ones(1, requires_grad=True), torch.ones(1))
+    # Gate and up, and never the product: a frozen down_proj keeps it nowhere.
+    assert not _product_kept(kernelized, x)
     out_e, grads_e = _run(eager, x, torch.ones(2, 3, HIDDEN))
     out_k, grads_k = _run(kernelized, x, torch.ones(2, 3, HIDDEN))
     torch.testing.assert_close(out_k, out_e, rtol=1e-6, atol=1e-6)
@@ -218,8 +232,9 @@ def test_a_down_proj_other_than_a_learning_linear_takes_the_plain_path(change, r
             torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_under_autocast_the_plain_path_computes_eager(ref_pm):
-    """Autocast casts the weight for the matrix product; the recomputing function would not record the cast."""
+def test_under_autocast_the_cast_copy_is_kept_and_the_gradients_are_eager(ref_pm):
+    """Autocast casts the float32 product to bf16 for the matrix product: that copy is what down_proj saves, and it
+    is kept as usual."""
     torch.manual_seed(4)
     eager = SplitMLP()
     kernelized = SplitMLP()
@@ -227,15 +242,40 @@ def test_under_autocast_the_plain_path_computes_eager(ref_pm):
     _kernelized(kernelized, ref_pm)
     x = torch.randn(2, 3, HIDDEN)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not _mlp._recomputable(kernelized.down_proj, torch.ones(1, requires_grad=True), torch.ones(1))
         out_e, grads_e = _run(eager, x, torch.ones(2, 3, HIDDEN))
         out_k, grads_k = _run(kernelized, x, torch.ones(2, 3, HIDDEN))
     assert out_k.dtype == out_e.dtype == torch.bfloat16
-    # Both compute in bf16 (products rounded once, the activation and product in bf16): one bf16 rounding apart.
+    # The same operations in bf16 on both sides, the activation computed by the reference kernel: one bf16
+    # rounding apart at most.
     torch.testing.assert_close(out_k, out_e, rtol=2e-2, atol=2e-2)
     for got, expected in zip(grads_k, grads_e, strict=True):
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_inside_activation_checkpointing_nothing_is_pushed_over_its_hooks(ref_pm):
+    """Non-reentrant checkpointing keeps nothing of the region and recomputes it; hooks of ours pushed over its own
+    would hide down_proj's tensors from it. The call then takes the plain path, and the gradients are eager's."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(5)
+    eager = SplitMLP()
+    kernelized = SplitMLP()
+    kernelized.load_state_dict(eager.state_dict())
+    _kernelized(kernelized, ref_pm)
+    x = torch.randn(2, 3, HIDDEN)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        kernelized(x.clone().requires_grad_())
+    # Under outer hooks every tensor down_proj saves reaches them, the product among them.
+    assert sum(t.shape == (2, 3, INTERMEDIATE) for t in kept) >= 3
+    grads = []
+    for module in (eager, kernelized):
+        x_ = x.clone().requires_grad_()
+        checkpoint(module, x_, use_reentrant=False).sum().backward()
+        grads.append([x_.grad] + [p.grad for p in module.parameters()])
+    for got, expected in zip(*grads[::-1], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_an_unknown_option_of_the_kind_still_raises(ref_pm):

@@ -3,15 +3,17 @@
 The adapter keeps the module's own projection sub-modules (so LoRA, quantized or sharded linears keep working)
 and hands only the activation-times-up product to the kernel; an activation sub-module is declared bypassed.
 
-In training, where ``down_proj`` is a plain ``nn.Linear`` whose weight learns, the product is not kept for
-backward: ``down_proj``'s weight gradient needs it, and eagerly autograd keeps it beside the gate and up it was
-computed from, one more ``[tokens, intermediate]`` tensor a layer (117 MB a layer at the Llama-3.1-8B shape and
-4,096 tokens; a fifth of a decoder layer's saved activations there). The backward recomputes it from the kept gate
-and up with the same kernel, one elementwise pass, and the gradients are what eager computes: the same operations
-on the same values (``test_mlp.py`` compares them bit for bit). Option ``recompute_product = false`` keeps it.
-Everything else about ``down_proj`` (LoRA, quantized or FP8 linears, forward hooks such as DeepSpeed ZeRO-3's or
-accelerate's, parameters sharded by FSDP2 that its own hooks gather, autocast, a trace under ``torch.compile``)
-takes the plain path, decided per call.
+In training the product is not kept for backward. ``down_proj``'s weight gradient needs it, and eagerly autograd
+keeps it beside the gate and up it was computed from (which the activation's own backward needs): one more
+``[tokens, intermediate]`` tensor a layer, 117 MB at the Llama-3.1-8B shape and 4,096 tokens, a fifth of what a
+decoder layer keeps there. Saved-tensor hooks around ``down_proj``'s call keep, for any tensor it saves that is the
+product or a view of it, only that view's geometry; its backward gets the product back from the kernel run again on
+the same gate and up, one elementwise pass, before the kernel's own backward may reuse their storage. The values
+are the same, so the gradients are the same bit for bit (``test_mlp_recompute.py``). Whatever ``down_proj`` is (a
+plain, LoRA, quantized or FSDP2-sharded linear) this holds; a copy it makes first (autocast's cast) is kept as
+usual. Not under a torch.compile trace (the compiler decides what it keeps) nor where saved-tensor hooks are already
+active (non-reentrant activation checkpointing keeps nothing anyway). Option ``recompute_product = false`` keeps
+the product.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._types import Decline
@@ -182,46 +183,59 @@ def match_gelu_gated_mlp(module: nn.Module, name: str, ctx: MatchContext) -> Mat
     return verdict[1] if verdict and verdict[0] == "gelu_gated_mlp" else None
 
 
-class _DownOfProduct(torch.autograd.Function):
-    """``linear(impl(gate, up), weight, bias)`` keeping gate and up for backward, not their product."""
+class _RecomputedProduct:
+    """What autograd keeps in place of ``act(gate) * up`` (or a view of it) that ``down_proj`` saves for backward:
+    the view's geometry. The gate and up it is recomputed from are the ones the kernel saved for its own backward;
+    holding them here keeps nothing alive that would not be."""
 
-    @staticmethod
-    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                impl: Callable[..., Any]) -> torch.Tensor:
-        ctx.impl = impl
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(gate, up, weight)
-        return F.linear(impl(gate, up), weight, bias)
+    __slots__ = ("offset", "size", "stride")
 
-    @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        gate, up, weight = ctx.saved_tensors
-        wants_gate, wants_up, wants_weight, wants_bias, _ = ctx.needs_input_grad
-        # The saved gate and up keep their place in the graph: the kernel's own backward then sees intermediate
-        # tensors, as it does on the plain path, and may write their gradients into their storage.
-        with torch.enable_grad():
-            product = ctx.impl(gate, up)
-        flat = dout.reshape(-1, dout.shape[-1])
-        # What F.linear's backward computes, in the same operations: the gradients are eager's bit for bit.
-        dweight = flat.t().mm(product.detach().reshape(-1, product.shape[-1])) if wants_weight else None
-        dbias = flat.sum(0) if ctx.has_bias and wants_bias else None
-        inputs = tuple(t for t, wanted in ((gate, wants_gate), (up, wants_up)) if wanted)
-        grads = iter(torch.autograd.grad(product, inputs, dout.matmul(weight)) if inputs else ())
-        return (next(grads) if wants_gate else None, next(grads) if wants_up else None, dweight, dbias, None)
+    def __init__(self, t: torch.Tensor, base_offset: int) -> None:
+        self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset() - base_offset
 
 
-def _recomputable(down: nn.Module, gate: torch.Tensor, up: torch.Tensor) -> bool:
-    """Whether this call of ``down_proj`` is exactly ``F.linear`` on a learning weight, and nothing about the
-    call asks autograd to keep what it keeps (a trace, autocast's casts)."""
-    if type(down) is not nn.Linear or down._forward_pre_hooks or down._forward_hooks or "forward" in down.__dict__:
-        return False
-    weight = down.weight
-    if (type(weight) is not nn.Parameter or not weight.requires_grad or hasattr(weight, "ds_id")
-            or not torch.is_grad_enabled() or not (gate.requires_grad or up.requires_grad)
-            or torch.compiler.is_compiling() or torch.is_autocast_enabled(gate.device.type)):
-        return False
-    hooks = nn.modules.module
-    return not (hooks._global_forward_pre_hooks or hooks._global_forward_hooks)
+def _recompute_hooks(impl: Callable[..., Any], gate: torch.Tensor, up: torch.Tensor, product: torch.Tensor
+                     ) -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
+    """Saved-tensor hooks for ``down_proj``'s forward: its saved product is packed as its geometry alone, and
+    unpacked (in backward, before the kernel's own backward may write gradients into gate and up) by running the
+    kernel again on the same operands."""
+    # Facts only: the pack hook must not hold the product itself.
+    storage, base = product.untyped_storage().data_ptr(), product.storage_offset()
+    device, dtype = product.device, product.dtype
+    versions = (gate._version, up._version)
+
+    def pack(t: torch.Tensor) -> Any:
+        if t.untyped_storage().data_ptr() == storage and t.device == device and t.dtype == dtype:
+            return _RecomputedProduct(t, base)
+        return t
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _RecomputedProduct):
+            return packed
+        if (gate._version, up._version) != versions:
+            raise RuntimeError("act(gate) * up cannot be recomputed for down_proj's backward: gate or up was "
+                               "modified in place after the forward (a second backward through the same graph "
+                               "after the kernel wrote its gradients there?)")
+        with torch.no_grad():
+            fresh = impl(gate, up)
+        return fresh.as_strided(packed.size, packed.stride, fresh.storage_offset() + packed.offset)
+
+    return pack, unpack
+
+
+def _top_saved_tensors_hooks() -> object:
+    # Whether saved-tensor hooks are already active (non-reentrant activation checkpointing, CPU offloading): they
+    # decide what is kept, and hooks pushed over them would hide down_proj's tensors from them. Only torch's
+    # private accessor tells; without it, assume they are.
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return True if top is None else top(False)
+
+
+def _recomputable(gate: torch.Tensor, up: torch.Tensor, product: torch.Tensor) -> bool:
+    """Whether down_proj's saved product can be recomputed in this call: autograd records it, the product is a
+    dense tensor of its own, and nothing else (a trace, other saved-tensor hooks) manages what is kept."""
+    return (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad) and product.is_contiguous()
+            and not torch.compiler.is_compiling() and _top_saved_tensors_hooks() is None)
 
 
 def adapt_gated_mlp(module: nn.Module, match: Match, impl: Callable[..., Any], options: dict) -> Callable[..., Any]:
@@ -230,9 +244,10 @@ def adapt_gated_mlp(module: nn.Module, match: Match, impl: Callable[..., Any], o
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         gate, up = _gate_up(module, layout, x)
-        down = module.down_proj
-        if recompute and _recomputable(down, gate, up):
-            return _DownOfProduct.apply(gate, up, down.weight, down.bias, impl)
-        return down(impl(gate, up))
+        product = impl(gate, up)
+        if not (recompute and _recomputable(gate, up, product)):
+            return module.down_proj(product)
+        with torch.autograd.graph.saved_tensors_hooks(*_recompute_hooks(impl, gate, up, product)):
+            return module.down_proj(product)
 
     return forward
