@@ -113,10 +113,15 @@ def test_every_reported_kernel_runs_where_the_report_says(family, mode, ref_pm, 
     # packed_attention's kernels run on the calls whose mask is causal per document (packed rows): checked with
     # such a row below, left out of this call's count.
     packed = Counter((e.module, e.kernel) for e in report.applied if e.kind == "packed_attention")
-    assert dict(counts) == dict(claimed - packed), (
+    expected = claimed - packed
+    if mode == Mode.TRAINING:
+        # A gated MLP's kernel runs a second time in backward: down_proj gets act(gate) * up back from it instead
+        # of keeping it (recompute_product, on by default).
+        expected.update(Counter({key: 1 for key in expected if key[1].endswith("gated_mlp")}))
+    assert dict(counts) == dict(expected), (
         f"{family} ({mode}): kernel calls per (module, kernel) differ from the report\n"
-        f"ran but not reported: {sorted(set(counts) - set(claimed - packed))}\n"
-        f"reported but never ran: {sorted(set(claimed - packed) - set(counts))}\n{report}"
+        f"ran but not reported: {sorted(set(counts) - set(expected))}\n"
+        f"reported but never ran: {sorted(set(expected) - set(counts))}\n{report}"
     )
     counts.clear()
     with torch.no_grad():  # two documents a row, restarting position ids, no cache: transformers masks per document

@@ -141,6 +141,11 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
         for run in data.get("runs") or [data]:
             _packing_rows(stem, run, add)
     for stem, data in results.items():
+        if stem.startswith("recompute-product-"):
+            _recompute_rows(stem, data, add)
+        elif stem.startswith("llamafactory-") and data.get("summary"):
+            _llamafactory_row(stem, data, add)
+    for stem, data in results.items():
         if not (stem.startswith("fp8-accuracy") and data.get("summary")):
             continue
         depth = re.search(r"(\d+) layers", data.get("config", ""))
@@ -154,7 +159,9 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 gap = task["log_vocab_nats"] - task["entropy_rate_nats"]
                 closed = (task["log_vocab_nats"] - summary["bf16_final_loss"]) / gap
                 learned = f"; bf16 learned {closed:.0%} of the task"
-            add(stem, f"FP8 training ({recipe}), Llama-3.1-8B shape ({layers}), 300 steps of a learnable task: "
+            steps = re.search(r"(\d+) steps", data.get("config", ""))
+            add(stem, f"FP8 training ({recipe}), Llama-3.1-8B shape ({layers}), {steps.group(1) if steps else '?'} "
+                "steps of a learnable task: "
                 "kernelize + compile + FP8", "kernelize + compile, bf16", summary["tokens_per_s_ratio"],
                 f"{summary['tokens_per_s_ratio']:.2f}x; final loss {summary['final_loss_rel_diff']:+.2%}{learned}",
                 "-",
@@ -546,6 +553,8 @@ def _packing_rows(stem: str, run: dict, add: Callable[..., None]) -> None:
         host = "from pinned host memory" in run.get("setup", "")
         where = ("copied from the host, as the Trainer's data loader sends it" if host
                  else "kept on the GPU")
+        if "busy" in run.get("name", ""):
+            where += " (the host's other GPU busy)"
         packed = run["summary"]["qwen3-0.6b"]["packed"]
         add(stem, f"Packed rows (4 documents of 2,048 tokens in one row), Qwen3-0.6B shape: kernelize, each step's "
             f"batch {where}", "kernelize, the same documents unpacked", ab["median_of_round_ratios"],
@@ -577,3 +586,46 @@ def _packing_rows(stem: str, run: dict, add: Callable[..., None]) -> None:
             f"**{mixed['speed_vs_padded']:.2f}x** ({thousands(mixed['tokens_per_s'])} real tok/s)",
             f"{mixed['peak_vs_padded']:.2f}x ({mixed['peak_GiB']:.1f} GiB)", commit_of(run),
             label=f"Mixed-length packing, Qwen3-0.6B ({short_device(run)}) vs padded")
+
+
+def _recompute_rows(stem: str, data: dict, add: Callable[..., None]) -> None:
+    # configs_ab runs of recompute_product on (the default) against off, the first run's shapes first: a shape is
+    # shown from the first run that has it.
+    shown = set()
+    for run, shape, summary in ((each, shape, summary) for each in data["runs"]
+                                for shape, summary in each.get("summary", {}).items()):
+        if shape in shown:
+            continue
+        shown.add(shape)
+        ab = summary.get("recompute/keep")
+        peaks = {side: [r["train_peak_GiB"] for r in run["rows"] if r["shape"] == shape and r["side"] == side]
+                 for side in ("recompute", "keep")}
+        if not ab or not all(peaks.values()):
+            continue
+        peak = max(peaks["recompute"]) / max(peaks["keep"])
+        add(stem, f"Gated MLP's `act(gate) * up` recomputed in backward (the default), "
+            f"{_ab_shape(shape, run)}: kernelize", "kernelize keeping it (`recompute_product = false`)",
+            ab["median_of_round_ratios"],
+            f"{ab['median_of_round_ratios']:.2f}x, median of {len(ab['round_ratios'])} alternating rounds "
+            f"({min(ab['round_ratios']):.3f}-{max(ab['round_ratios']):.3f})",
+            f"**{peak:.2f}x** ({max(peaks['recompute']):.1f} GiB)", commit_of(run),
+            label=f"Recomputed gated-MLP product, {shape} ({short_device(run)})")
+
+
+def _ab_shape(shape: str, run: dict) -> str:
+    """A configs_ab shape's name with the depth it was built at (its ``shapes`` entry)."""
+    layers = (run.get("shapes") or {}).get(shape, {}).get("layers")
+    name = re.sub(r" \(\d+ layers\)$", "", MODEL_NAMES.get(shape, shape))
+    return f"{name} ({layers} layers)" if layers and shape != "qwen3-0.6b" else name
+
+
+def _llamafactory_row(stem: str, data: dict, add: Callable[..., None]) -> None:
+    summary = data["summary"]
+    kernels = data["results"]["kernels"]
+    add(stem, f"LLaMA-Factory v1 SFT, packed rows (`{kernels['batching_strategy']}`), its defaults (float32, "
+        "activation checkpointing), Qwen3-0.6B shape: `KernelPlugin`", "plain LLaMA-Factory",
+        summary["kernels_vs_plain_tokens"],
+        f"{summary['kernels_vs_plain_tokens']:.2f}x ({thousands(kernels['steady_tokens_per_second'])} tok/s); losses "
+        f"within {summary['max_rel_loss_gap']:.0e} relative",
+        f"{summary['kernels_vs_plain_memory']:.2f}x ({kernels['peak_memory_gib']:.1f} GiB)", commit_of(data),
+        label=f"LLaMA-Factory v1 packed SFT ({short_device(data)})")

@@ -60,6 +60,15 @@ def _kernelized(module: nn.Module, pm, *, recompute: bool = True) -> nn.Module:
     return module
 
 
+def _eager_and_kernelized(pm, *, seed: int, bias: bool = False) -> tuple[nn.Module, nn.Module]:
+    """A SplitMLP and a kernelized copy of it (same weights)."""
+    torch.manual_seed(seed)
+    eager = SplitMLP(bias=bias)
+    kernelized = SplitMLP(bias=bias)
+    kernelized.load_state_dict(eager.state_dict())
+    return eager, _kernelized(kernelized, pm)
+
+
 def _pair(factory, pm, dtype=torch.float32) -> tuple[nn.Module, nn.Module]:
     """The same weights kernelized twice: recomputing the product, and keeping it (the plain path)."""
     torch.manual_seed(0)
@@ -120,11 +129,7 @@ def test_gradients_match_the_modules_own_forward(ref_pm):
     """Against the module's own forward in float32 (the widest dtype the kernels claim): the recomputed gradients
     are the math, not only consistent with the plain path. The activation rounds alike in both: 1e-5 leaves room
     for the order of a sum only."""
-    torch.manual_seed(1)
-    eager = SplitMLP(bias=True)
-    kernelized = SplitMLP(bias=True)
-    kernelized.load_state_dict(eager.state_dict())
-    _kernelized(kernelized, ref_pm)
+    eager, kernelized = _eager_and_kernelized(ref_pm, seed=1, bias=True)
     x, grad = torch.randn(2, 5, HIDDEN), torch.randn(2, 5, HIDDEN)
     out_e, grads_e = _run(eager, x, grad)
     out_k, grads_k = _run(kernelized, x, grad)
@@ -235,11 +240,7 @@ def test_whatever_down_proj_is_the_gradients_are_eager(change, ref_pm):
 def test_under_autocast_the_cast_copy_is_kept_and_the_gradients_are_eager(ref_pm):
     """Autocast casts the float32 product to bf16 for the matrix product: that copy is what down_proj saves, and it
     is kept as usual."""
-    torch.manual_seed(4)
-    eager = SplitMLP()
-    kernelized = SplitMLP()
-    kernelized.load_state_dict(eager.state_dict())
-    _kernelized(kernelized, ref_pm)
+    eager, kernelized = _eager_and_kernelized(ref_pm, seed=4)
     x = torch.randn(2, 3, HIDDEN)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_e, grads_e = _run(eager, x, torch.ones(2, 3, HIDDEN))
@@ -258,11 +259,7 @@ def test_inside_activation_checkpointing_nothing_is_pushed_over_its_hooks(ref_pm
     would hide down_proj's tensors from it. The call then takes the plain path, and the gradients are eager's."""
     from torch.utils.checkpoint import checkpoint
 
-    torch.manual_seed(5)
-    eager = SplitMLP()
-    kernelized = SplitMLP()
-    kernelized.load_state_dict(eager.state_dict())
-    _kernelized(kernelized, ref_pm)
+    eager, kernelized = _eager_and_kernelized(ref_pm, seed=5)
     x = torch.randn(2, 3, HIDDEN)
     kept = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):

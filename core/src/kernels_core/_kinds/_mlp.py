@@ -205,7 +205,10 @@ def _recompute_hooks(impl: Callable[..., Any], gate: torch.Tensor, up: torch.Ten
     versions = (gate._version, up._version)
 
     def pack(t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() == storage and t.device == device and t.dtype == dtype:
+        # Plain tensors only: a subclass (DTensor under tensor parallelism) may have no storage to compare, and
+        # is what autograd must keep as it is.
+        if (type(t) is torch.Tensor and t.layout == torch.strided and t.device == device and t.dtype == dtype
+                and t.untyped_storage().data_ptr() == storage):
             return _RecomputedProduct(t, base)
         return t
 
@@ -233,8 +236,10 @@ def _top_saved_tensors_hooks() -> object:
 
 def _recomputable(gate: torch.Tensor, up: torch.Tensor, product: torch.Tensor) -> bool:
     """Whether down_proj's saved product can be recomputed in this call: autograd records it, the product is a
-    dense tensor of its own, and nothing else (a trace, other saved-tensor hooks) manages what is kept."""
-    return (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad) and product.is_contiguous()
+    plain dense tensor (not a subclass such as DTensor), and nothing else (a trace, other saved-tensor hooks)
+    manages what is kept."""
+    return (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad) and type(product) is torch.Tensor
+            and product.layout == torch.strided and product.is_contiguous()
             and not torch.compiler.is_compiling() and _top_saved_tensors_hooks() is None)
 
 
