@@ -413,13 +413,13 @@ def charts(results: dict[str, dict]) -> dict[str, str]:
                       if row.get("tokens_per_s")]
             out[f"{stem}.svg"] = _bar_chart(f"FSDP2, {short_device(data, 1)}: tokens/s per GPU", values, "k",
                                             label_width=260)
-    for stem in MODELS_HEADLINE:
-        if stem in results:
-            rows = [(f"{row['model']} {row['variant']}", row["tokens_per_s"] / 1000)
-                    for row in results[stem]["rows"] if row.get("tokens_per_s")]
-            out[f"{stem}.svg"] = _bar_chart(
-                f"{models_title(results[stem])[:60]}, {short_device(results[stem])}: tokens/s", rows, "k",
-                label_width=300)
+    # Every file of the headline, and every one with a section of its own on the page (which links its chart).
+    for stem in dict.fromkeys([*(stem for stem in MODELS_HEADLINE if stem in results), *_models_pages(results)]):
+        rows = [(f"{row['model']} {row['variant']}", row["tokens_per_s"] / 1000)
+                for row in results[stem]["rows"] if row.get("tokens_per_s")]
+        out[f"{stem}.svg"] = _bar_chart(
+            f"{models_title(results[stem])[:60]}, {short_device(results[stem])}: tokens/s", rows, "k",
+            label_width=300)
     if "decode-h100" in results:
         rows = [(f"{row['model']} {row['cache']} b{row['batch']} {row['variant']}", row["ms_per_token"])
                 for row in results["decode-h100"]["rows"]]
@@ -465,9 +465,8 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
     for stem, data in results.items():
         if stem.startswith("distributed-") and (data.get("runs") or data.get("variants")):
             parts += distributed_section(stem, data, chart_dir)
-    for stem, data in results.items():
-        if stem in ("moe-h100", "gemma-h100") or (stem.startswith("models-") and data.get("rows")):
-            parts += models_section(stem, data, chart_dir)
+    for stem in _models_pages(results):
+        parts += models_section(stem, results[stem], chart_dir)
     if "decode-h100" in results:
         parts += decode_section(results["decode-h100"], chart_dir)
     bindings = {row["model"]: row["binding"] for row in results.get("decode-h100", {}).get("rows", ())
@@ -494,6 +493,12 @@ def page(results: dict[str, dict], *, chart_dir: str | None = None) -> str:
                              ((f"`{stem}.json`", long_device(data), date_of(data), commits_of(data))
                               for stem, data in results.items())), ""]
     return "\n".join(parts)
+
+
+def _models_pages(results: dict[str, dict]) -> list[str]:
+    """The models_bench files the page gives a section of their own, each linking its chart."""
+    return [stem for stem, data in results.items()
+            if stem in ("moe-h100", "gemma-h100") or (stem.startswith("models-") and data.get("rows"))]
 
 
 def generated(results: dict[str, dict]) -> dict[Path, str]:
