@@ -105,7 +105,8 @@ def _model(name: str, *, sliding: bool = False) -> torch.nn.Module:
     return model.train()
 
 
-def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int, profile: bool = False) -> dict:
+def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int, profile: bool = False,
+          profile_top: int = 12) -> dict:
     model = _model(model_name)
     runner, how = prepare(model, variant, [])
     batch, real = batch_for(layout, model.config.vocab_size, "cuda")
@@ -124,8 +125,8 @@ def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     if profile:
         result["profile_one_step"] = profile_step(step)
-        host = host_profile_step(step, torch.device("cuda"), top=12)
-        result["host_one_step"] = {key: host[key] for key in ("host_ms", "wall_ms", "by_cumtime")}
+        host = host_profile_step(step, torch.device("cuda"), top=profile_top)
+        result["host_one_step"] = {key: host[key] for key in ("host_ms", "wall_ms", "by_tottime", "by_cumtime")}
     return result
 
 
@@ -167,6 +168,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--profile", action="store_true",
                         help="add each train row's GPU time per kernel and host time of one more step")
+    parser.add_argument("--profile-top", type=int, default=12,
+                        help="with --profile: how many Python functions to keep, by own and by cumulative host time")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -177,7 +180,7 @@ def main() -> None:
                 layout, variant = rest.split("/")
                 row.update(layout=layout, variant=variant)
                 row.update(train(args.model, layout, variant, steps=args.steps, warmup=args.warmup,
-                                 profile=args.profile))
+                                 profile=args.profile, profile_top=args.profile_top))
             else:
                 row.update(agreement(args.model, steps=args.agreement, sliding=rest == "sliding"))
         except Exception as exc:  # noqa: BLE001 - a failing row is a result to report
@@ -190,7 +193,7 @@ def main() -> None:
         tmp = args.out.with_name(f".packing-{what.replace('/', '-').replace(':', '-')}.json")
         cmd = python_m("benchmarks.cuda.packing_bench", "--child", what, "--out", str(tmp), "--model", args.model,
                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--agreement", str(args.agreement),
-                       *(["--profile"] if args.profile else []))
+                       *(["--profile", "--profile-top", str(args.profile_top)] if args.profile else []))
         start = time.perf_counter()
         result, error = run_child(cmd, tmp, timeout=args.timeout)
         row = result or {"what": what}
