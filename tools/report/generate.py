@@ -597,24 +597,24 @@ def _recompute_rows(stem: str, data: dict, add: Callable[..., None]) -> None:
     # configs_ab runs of recompute_product on (the default) against off, the first run's shapes first: a shape is
     # shown from the first run that has it.
     shown = set()
-    for run, shape, summary in ((each, shape, summary) for each in data["runs"]
-                                for shape, summary in each.get("summary", {}).items()):
-        if shape in shown:
-            continue
-        shown.add(shape)
-        ab = summary.get("recompute/keep")
-        peaks = {side: [r["train_peak_GiB"] for r in run["rows"] if r["shape"] == shape and r["side"] == side]
-                 for side in ("recompute", "keep")}
-        if not ab or not all(peaks.values()):
-            continue
-        peak = max(peaks["recompute"]) / max(peaks["keep"])
-        add(stem, f"Gated MLP's `act(gate) * up` recomputed in backward (the default), "
-            f"{_ab_shape(shape, run)}: kernelize", "kernelize keeping it (`recompute_product = false`)",
-            ab["median_of_round_ratios"],
-            f"{ab['median_of_round_ratios']:.2f}x, median of {len(ab['round_ratios'])} alternating rounds "
-            f"({min(ab['round_ratios']):.3f}-{max(ab['round_ratios']):.3f})",
-            f"**{peak:.2f}x** ({max(peaks['recompute']):.1f} GiB)", commit_of(run),
-            label=f"Recomputed gated-MLP product, {shape} ({short_device(run)})")
+    for run in data["runs"]:
+        for shape, summary in run.get("summary", {}).items():
+            if shape in shown:
+                continue
+            shown.add(shape)
+            ab = summary.get("recompute/keep")
+            peaks = {side: [r["train_peak_GiB"] for r in run["rows"] if r["shape"] == shape and r["side"] == side]
+                     for side in ("recompute", "keep")}
+            if not ab or not all(peaks.values()):
+                continue
+            peak = max(peaks["recompute"]) / max(peaks["keep"])
+            add(stem, f"Gated MLP's `act(gate) * up` recomputed in backward (the default), "
+                f"{_ab_shape(shape, run)}: kernelize", "kernelize keeping it (`recompute_product = false`)",
+                ab["median_of_round_ratios"],
+                f"{ab['median_of_round_ratios']:.2f}x, median of {len(ab['round_ratios'])} alternating rounds "
+                f"({min(ab['round_ratios']):.3f}-{max(ab['round_ratios']):.3f})",
+                f"**{peak:.2f}x** ({max(peaks['recompute']):.1f} GiB)", commit_of(run),
+                label=f"Recomputed gated-MLP product, {shape} ({short_device(run)})")
 
 
 def _ab_shape(shape: str, run: dict) -> str:

@@ -14,6 +14,9 @@ from .._types import LayerKind
 __all__ = ["CORE_KINDS"]
 
 _P = "kernels_core._kinds"
+# Both gated-MLP kinds: False keeps act(gate) * up for down_proj's weight gradient, as eager does, instead of
+# recomputing it in backward (one [tokens, intermediate] tensor a layer less kept).
+_GATED_MLP_OPTIONS = {"recompute_product": bool}
 
 CORE_KINDS: tuple[LayerKind, ...] = (
     LayerKind(
@@ -48,9 +51,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("split", "fused"),
         matcher=f"{_P}._mlp:match_silu_gated_mlp",
         adapter=f"{_P}._mlp:adapt_gated_mlp",
-        # False: keep act(gate) * up for down_proj's weight gradient, as eager does, instead of recomputing it
-        # in backward (one [tokens, intermediate] tensor a layer less kept).
-        options={"recompute_product": bool},
+        options=_GATED_MLP_OPTIONS,
         hint_names=("SwiGLUMLP", "MLP"),
     ),
     LayerKind(
@@ -59,9 +60,7 @@ CORE_KINDS: tuple[LayerKind, ...] = (
         variants=("split", "fused"),
         matcher=f"{_P}._mlp:match_gelu_gated_mlp",
         adapter=f"{_P}._mlp:adapt_gated_mlp",
-        # False: keep act(gate) * up for down_proj's weight gradient, as eager does, instead of recomputing it
-        # in backward (one [tokens, intermediate] tensor a layer less kept).
-        options={"recompute_product": bool},
+        options=_GATED_MLP_OPTIONS,
         hint_names=("GeGLUMLP",),
     ),
     LayerKind(
