@@ -251,6 +251,83 @@ def host_profile_step(step, device: torch.device, *, top: int = 30) -> dict:
             "profiled_total_ms": round(1e3 * stats.total_tt, 2), "by_tottime": rows(2), "by_cumtime": rows(3)}
 
 
+# CUDA runtime calls that can make the host wait for the GPU (or for the driver): where a host-bound step loses time
+# that its own Python does not show.
+_BLOCKING_RUNTIME = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                     "cudaMemcpyAsync", "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaStreamWaitEvent")
+
+
+def trace_step(step, path: pathlib.Path, *, top: int = 25) -> dict:
+    """One call of ``step`` under torch.profiler with host (every thread: autograd's engine runs the backward on
+    its own) and GPU activity. The Chrome trace goes to ``path`` (gzip), and the summary returned says where the
+    host's time went: the runtime calls that can block (count, total ms), the host ops with the most own time, each
+    thread's busy time, and the GPU's idle time with its longest gaps and the host op running when each began.
+
+    On a machine without CUDA, the host part alone (no runtime calls, no GPU). Profiling adds a few microseconds
+    a host op: compare layouts traced alike, not with untraced timings.
+    """
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        start = time.perf_counter()
+        step()
+        host = time.perf_counter() - start
+        sync()
+        wall = time.perf_counter() - start
+    raw = path.with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    averages = prof.key_averages()
+    blocking = sorted(({"call": e.key, "count": e.count, "ms": round(e.cpu_time_total / 1e3, 3)}
+                       for e in averages if e.key in _BLOCKING_RUNTIME), key=lambda row: -row["ms"])
+    own = sorted(({"op": e.key[:100], "count": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 3)}
+                  for e in averages if e.self_cpu_time_total > 0), key=lambda row: -row["self_ms"])[:top]
+    events = json.loads(gzip.open(path).read())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans
+                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    host_ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("tid")) for e in spans
+                      if e.get("cat") == "cpu_op")
+    threads: dict[str, float] = {}
+    for first, last, _, tid in host_ops:
+        threads[str(tid)] = threads.get(str(tid), 0.0) + (last - first)  # nested ops count twice: a rough busy
+    gaps, busy, reach = [], 0.0, None
+    for begin, end in kernels:  # merged, so that overlapping streams count once
+        if reach is not None and begin > reach:
+            gaps.append((begin - reach, reach))
+        if reach is None or begin > reach:
+            busy += end - begin
+        elif end > reach:
+            busy += end - reach
+        reach = end if reach is None else max(reach, end)
+    gaps.sort(reverse=True)
+
+    def running_at(moment: float) -> str:
+        # The innermost host op (latest start) covering the moment the GPU went idle.
+        covering = [op for op in host_ops if op[0] <= moment <= op[1]]
+        return max(covering)[2][:100] if covering else "(no host op)"
+
+    return {
+        "host_ms": round(1e3 * host, 2), "wall_ms": round(1e3 * wall, 2),
+        "gpu_busy_ms": round(busy / 1e3, 3),
+        "gpu_idle_ms": round(sum(g for g, _ in gaps) / 1e3, 3),
+        "gpu_longest_gaps": [{"ms": round(g / 1e3, 3), "host_op": running_at(at)} for g, at in gaps[:top]],
+        "blocking_runtime_calls": blocking,
+        "host_ops_by_own_time": own,
+        "host_ops_ms_by_thread": {tid: round(v / 1e3, 2) for tid, v in threads.items()},
+        "trace": path.name,
+    }
+
+
 def python_m(module: str, *args: str, torchrun: Sequence[str] | None = None) -> list[str]:
     """The command that runs ``module`` (``benchmarks.cuda.models_bench``) as ``python -m`` with ``args``, or under
     ``torch.distributed.run`` with the launcher options ``torchrun`` (``["--standalone", "--nproc_per_node", "2"]``).

@@ -28,7 +28,9 @@ activation checkpointing (non-reentrant) in every variant alike, for depths whos
     python -m benchmarks.cuda.fp8_accuracy --layers 32 --checkpointing --steps 300 --out /tmp/fp8-accuracy-32l
 
 ``--variants`` also takes ``fp8_rowwise+lm_head`` / ``fp8_tensorwise+lm_head``: ``lm_head`` in FP8 too (the
-fused loss then declines and the loss runs unfused).
+fused loss then declines and the loss runs unfused), and any variant a ``@initN`` suffix: initial weights drawn
+with seed ``--seed + N``, the task and the batches unchanged. ``bf16@init1`` against ``bf16`` is how far two bf16
+runs that differ only in their initial weights end apart: the scale against which an FP8 difference reads.
 
 ``--tiny``: a 2-layer model of hidden size 64 on a 256-token chain, 20 steps of 2 x 64 tokens at lr 3e-3, for
 checking the script anywhere; on a machine without an FP8-capable GPU the FP8 variants are skipped, with the reason
@@ -113,13 +115,26 @@ def fp8_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def build(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+def split_variant(variant: str) -> tuple[str, str, int]:
+    """``fp8_rowwise+lm_head@init1`` -> (``fp8_rowwise``, ``lm_head``, 1): recipe, modifier, offset of the seed the
+    initial weights are drawn with (the task and the batches keep ``--seed``).
+
+    Example:
+        >>> split_variant("bf16@init2"), split_variant("fp8_tensorwise+lm_head")
+        (('bf16', '', 2), ('fp8_tensorwise', 'lm_head', 0))
+    """
+    name, _, init = variant.partition("@")
+    base, _, modifier = name.partition("+")
+    return base, modifier, int(init.removeprefix("init") or 0)
+
+
+def build(args: argparse.Namespace, device: torch.device, *, init_offset: int = 0) -> torch.nn.Module:
     import transformers
 
     shape = {**(TINY if args.tiny else LLAMA_8B_4L), **({"num_hidden_layers": args.layers} if args.layers else {})}
     config = transformers.LlamaConfig(**shape, vocab_size=args.vocab, attn_implementation="sdpa",
                                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed + init_offset)
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     if args.checkpointing:
@@ -142,10 +157,10 @@ def train(variant: str, args: argparse.Namespace, data: torch.Tensor) -> dict:
     from kernels_core import Mode
 
     device = torch.device(args.device)
-    model = build(args, device)
+    base, modifier, init_offset = split_variant(variant)
+    model = build(args, device, init_offset=init_offset)
     model.train()
     config = None
-    base, _, modifier = variant.partition("+")
     if base.startswith("fp8_"):
         from benchmarks.common import fp8_linear_config
 
@@ -198,7 +213,8 @@ def train(variant: str, args: argparse.Namespace, data: torch.Tensor) -> dict:
 
 
 def summarise(rows: dict[str, dict], floor: float) -> dict:
-    """Each FP8 variant against bf16: final losses, their relative difference, gradient norms."""
+    """Each other variant against bf16: final losses, their relative difference, gradient norms (``bf16@initN``:
+    bf16 against itself from other initial weights)."""
     base = rows.get("bf16")
     out = {}
     for name, row in rows.items():

@@ -36,6 +36,7 @@ from benchmarks.common import host_profile_step
 from benchmarks.common import profile_step
 from benchmarks.common import python_m
 from benchmarks.common import run_child
+from benchmarks.common import trace_step
 from benchmarks.common import train_steps
 from benchmarks.common import write_json
 from benchmarks.cuda.models_bench import MODELS
@@ -106,7 +107,7 @@ def _model(name: str, *, sliding: bool = False) -> torch.nn.Module:
 
 
 def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int, profile: bool = False,
-          profile_top: int = 12) -> dict:
+          profile_top: int = 12, trace: pathlib.Path | None = None) -> dict:
     model = _model(model_name)
     runner, how = prepare(model, variant, [])
     batch, real = batch_for(layout, model.config.vocab_size, "cuda")
@@ -127,6 +128,9 @@ def train(model_name: str, layout: str, variant: str, *, steps: int, warmup: int
         result["profile_one_step"] = profile_step(step)
         host = host_profile_step(step, torch.device("cuda"), top=profile_top)
         result["host_one_step"] = {key: host[key] for key in ("host_ms", "wall_ms", "by_tottime", "by_cumtime")}
+    if trace is not None:
+        trace.mkdir(parents=True, exist_ok=True)
+        result["trace_one_step"] = trace_step(step, trace / f"trace-{layout}-{variant}.json.gz", top=profile_top)
     return result
 
 
@@ -170,6 +174,9 @@ def main() -> None:
                         help="add each train row's GPU time per kernel and host time of one more step")
     parser.add_argument("--profile-top", type=int, default=12,
                         help="with --profile: how many Python functions to keep, by own and by cumulative host time")
+    parser.add_argument("--trace", type=pathlib.Path,
+                        help="folder for a Chrome trace of one more step of each train row (host threads and GPU), "
+                             "summarised in the row: blocking runtime calls, host ops by own time, GPU idle gaps")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -180,7 +187,7 @@ def main() -> None:
                 layout, variant = rest.split("/")
                 row.update(layout=layout, variant=variant)
                 row.update(train(args.model, layout, variant, steps=args.steps, warmup=args.warmup,
-                                 profile=args.profile, profile_top=args.profile_top))
+                                 profile=args.profile, profile_top=args.profile_top, trace=args.trace))
             else:
                 row.update(agreement(args.model, steps=args.agreement, sliding=rest == "sliding"))
         except Exception as exc:  # noqa: BLE001 - a failing row is a result to report
@@ -193,14 +200,15 @@ def main() -> None:
         tmp = args.out.with_name(f".packing-{what.replace('/', '-').replace(':', '-')}.json")
         cmd = python_m("benchmarks.cuda.packing_bench", "--child", what, "--out", str(tmp), "--model", args.model,
                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--agreement", str(args.agreement),
-                       *(["--profile", "--profile-top", str(args.profile_top)] if args.profile else []))
+                       "--profile-top", str(args.profile_top), *(["--profile"] if args.profile else []),
+                       *(["--trace", str(args.trace.resolve())] if args.trace else []))
         start = time.perf_counter()
         result, error = run_child(cmd, tmp, timeout=args.timeout)
         row = result or {"what": what}
         if error:
             row["process_error"] = error
         row["process_s"] = round(time.perf_counter() - start, 1)
-        quiet = ("traceback", "profile_one_step", "host_one_step")
+        quiet = ("traceback", "profile_one_step", "host_one_step", "trace_one_step")
         print(json.dumps({k: v for k, v in row.items() if k not in quiet}), flush=True)
         return row
 
