@@ -213,17 +213,20 @@ def train(variant: str, args: argparse.Namespace, data: torch.Tensor) -> dict:
 
 
 def summarise(rows: dict[str, dict], floor: float) -> dict:
-    """Each other variant against bf16: final losses, their relative difference, gradient norms (``bf16@initN``:
-    bf16 against itself from other initial weights)."""
-    base = rows.get("bf16")
+    """Each other variant against bf16 (``fp8_<recipe>@initN`` against ``bf16@initN`` where that ran; ``bf16@initN``
+    is bf16 against itself from other initial weights): final losses, their relative difference, gradient norms."""
     out = {}
     for name, row in rows.items():
+        recipe, _, init = name.partition("@")
+        # An FP8 run against bf16 from the same initial weights where that ran; bf16@initN against bf16.
+        base = rows.get(f"bf16@{init}") if init and recipe != "bf16" and f"bf16@{init}" in rows else rows.get("bf16")
         if name == "bf16" or "losses" not in row or base is None or "losses" not in base:
             continue
         steps = min(len(row["losses"]), len(base["losses"]))
         ratios = [a / b for a, b in zip(row["grad_norms"][:steps], base["grad_norms"][:steps], strict=True) if b > 0]
         out[name] = {
             "final_loss": row["final_loss"],
+            "against": base["variant"],
             "bf16_final_loss": base["final_loss"],
             "final_loss_rel_diff": round((row["final_loss"] - base["final_loss"]) / base["final_loss"], 5),
             "excess_over_entropy_rate_ratio": round((row["final_loss"] - floor) / (base["final_loss"] - floor), 4)
