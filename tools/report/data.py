@@ -149,7 +149,10 @@ PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1x
               "distributed-scaling-foreach-4xh200", "distributed-4-layers-per-unit-foreach-2xh200",
               # Its kernelize rows predate the recomputed gated-MLP product; distributed-llama-3.1-8b-2xh200 has
               # today's. Its kernelize + compile and FP8 rows stay on the page.
-              "distributed-llama-3.1-8b-compile-fp8-2xh200"}
+              "distributed-llama-3.1-8b-compile-fp8-2xh200",
+              # A re-measurement of distributed-fsdp2-host-1xh200's first three variants (the same ratios within
+              # their spread); that file keeps the headline rows and the compile variants.
+              "distributed-fsdp2-recheck-1xh200"}
 
 
 # distributed_bench variants in the headline, with the baseline each is compared with.
