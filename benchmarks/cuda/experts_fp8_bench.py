@@ -15,6 +15,7 @@ Rows, each timed forward + backward with CUDA events (median of ``--repeats``) o
   back after (zeros in the padding, so the weight gradients are unchanged);
 - ``fp8_weight_casts``: torchao's two weight quantizations alone (forward's per-expert column scales and the
   backward's transposed ones), what every FP8 call pays whatever its token count;
+- with ``--compile``, ``bf16_products_compiled`` and ``fp8_products_compiled``: both chains under torch.compile;
 - ``kernel_layer``: the whole experts layer as kernelize runs it (``kernels_triton.ops.moe_experts_silu``: routing,
   gather, products, activation, combine), for the share the products take.
 
@@ -127,7 +128,7 @@ def timed(fn, *, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(tokens: int, *, repeats: int) -> dict:
+def measure(tokens: int, *, repeats: int, compiled: bool = False) -> dict:
     from kernels_triton.ops import moe_experts_silu
 
     device = torch.device("cuda")
@@ -163,6 +164,14 @@ def measure(tokens: int, *, repeats: int) -> dict:
         "fp8_weight_casts": round(timed(lambda: weight_casts(w1.detach(), w2.detach()), repeats=repeats), 3),
         "kernel_layer": round(timed(layer, repeats=repeats), 3),
     }
+    if compiled:
+        # Both product chains under torch.compile, where Inductor fuses torchao's eager casts (as it does for the
+        # FP8 linears, which kernels-cuda offers only under torch.compile).
+        for name, products in (("bf16_products", bf16_products), ("fp8_products", fp8_products)):
+            try:
+                result["ms"][f"{name}_compiled"] = round(timed(step(torch.compile(products)), repeats=repeats), 3)
+            except Exception as exc:  # noqa: BLE001 - a failing compile is a result to report
+                result[f"{name}_compiled_error"] = f"{type(exc).__name__}: {exc}"[:500]
     ms = result["ms"]
     result["fp8_products_vs_bf16"] = round(ms["bf16_products"] / ms["fp8_products"], 3)
     result["layer_saving_if_fp8"] = round((ms["bf16_products"] - ms["fp8_products"]) / ms["kernel_layer"], 3)
@@ -184,11 +193,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="8192,32768", help="comma-separated tokens per layer call")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--compile", action="store_true", help="also time both product chains under torch.compile")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
-        row = measure(tokens, repeats=args.repeats)
+        row = measure(tokens, repeats=args.repeats, compiled=args.compile)
         print(json.dumps(row), flush=True)
         rows.append(row)
     write_json(args.out, {"environment": environment(), "what": __doc__.splitlines()[0], "rows": rows})
