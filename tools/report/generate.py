@@ -181,6 +181,20 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 f"{speed:.2f}x; {loss}{learned}{spread}", "-",
                 commit_of(data), label=f"FP8 {recipe}, Llama-3.1-8B ({layers}) ({short_device(data)}) vs bf16")
     for stem, data in results.items():
+        if not stem.startswith("experts-fp8"):
+            continue
+        # experts_fp8_bench: FP8 grouped products against bf16 ones at one MoE layer (why no FP8 experts kernel).
+        for row in data["rows"]:
+            ms = row["ms"]
+            key = "_compiled" if "fp8_products_compiled" in ms else ""
+            ratio = ms[f"bf16_products{key}"] / ms[f"fp8_products{key}"]
+            add(stem, f"MoE experts' products in FP8 (torchao 0.17's rowwise grouped products), Qwen3-30B-A3B shape, "
+                f"one layer forward + backward, {row['tokens']:,} tokens{', torch.compile' if key else ''}",
+                "the same products in bf16", ratio,
+                f"{ratio:.2f}x ({ms[f'fp8_products{key}']:.1f} against {ms[f'bf16_products{key}']:.1f} ms)", "-",
+                commit_of(data), label=f"FP8 experts' products, Qwen3-30B-A3B, {row['tokens']} tokens "
+                                       f"({short_device(data)}) vs bf16")
+    for stem, data in results.items():
         if not stem.startswith("distributed-") or stem in PAGE_ONLY:
             continue
         model = model_name(data)
