@@ -152,7 +152,9 @@ PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1x
               "distributed-llama-3.1-8b-compile-fp8-2xh200",
               # A re-measurement of distributed-fsdp2-host-1xh200's first three variants (the same ratios within
               # their spread); that file keeps the headline rows and the compile variants.
-              "distributed-fsdp2-recheck-1xh200"}
+              "distributed-fsdp2-recheck-1xh200",
+              # Sharding settings (noreshard, prefetch): a recipe's measurement, described in the integrations page.
+              "distributed-fsdp2-sharding-1xh200"}
 
 
 # distributed_bench variants in the headline, with the baseline each is compared with.
