@@ -267,7 +267,6 @@ def trace_step(step, path: pathlib.Path, *, top: int = 25) -> dict:
     a host op: compare layouts traced alike, not with untraced timings.
     """
     import gzip
-    import shutil
 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile
@@ -283,15 +282,15 @@ def trace_step(step, path: pathlib.Path, *, top: int = 25) -> dict:
         wall = time.perf_counter() - start
     raw = path.with_suffix("")
     prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    text = raw.read_bytes()
     raw.unlink()
+    path.write_bytes(gzip.compress(text))
     averages = prof.key_averages()
     blocking = sorted(({"call": e.key, "count": e.count, "ms": round(e.cpu_time_total / 1e3, 3)}
                        for e in averages if e.key in _BLOCKING_RUNTIME), key=lambda row: -row["ms"])
     own = sorted(({"op": e.key[:100], "count": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 3)}
                   for e in averages if e.self_cpu_time_total > 0), key=lambda row: -row["self_ms"])[:top]
-    events = json.loads(gzip.open(path).read())["traceEvents"]
+    events = json.loads(text)["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans
                      if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
@@ -300,14 +299,13 @@ def trace_step(step, path: pathlib.Path, *, top: int = 25) -> dict:
     threads: dict[str, float] = {}
     for first, last, _, tid in host_ops:
         threads[str(tid)] = threads.get(str(tid), 0.0) + (last - first)  # nested ops count twice: a rough busy
+    # The GPU's busy intervals merged, so that overlapping streams count once; a gap is where none runs.
     gaps, busy, reach = [], 0.0, None
-    for begin, end in kernels:  # merged, so that overlapping streams count once
+    for begin, end in kernels:
         if reach is not None and begin > reach:
             gaps.append((begin - reach, reach))
-        if reach is None or begin > reach:
-            busy += end - begin
-        elif end > reach:
-            busy += end - reach
+        start = begin if reach is None else max(begin, reach)
+        busy += max(0.0, end - start)
         reach = end if reach is None else max(reach, end)
     gaps.sort(reverse=True)
 

@@ -217,9 +217,10 @@ def summarise(rows: dict[str, dict], floor: float) -> dict:
     is bf16 against itself from other initial weights): final losses, their relative difference, gradient norms."""
     out = {}
     for name, row in rows.items():
-        recipe, _, init = name.partition("@")
+        recipe, _, offset = split_variant(name)
         # An FP8 run against bf16 from the same initial weights where that ran; bf16@initN against bf16.
-        base = rows.get(f"bf16@{init}") if init and recipe != "bf16" and f"bf16@{init}" in rows else rows.get("bf16")
+        twin = f"bf16@init{offset}"
+        base = rows[twin] if recipe != "bf16" and twin in rows else rows.get("bf16")
         if name == "bf16" or "losses" not in row or base is None or "losses" not in base:
             continue
         steps = min(len(row["losses"]), len(base["losses"]))

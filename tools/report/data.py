@@ -104,16 +104,21 @@ _FULL_DEPTH = {"qwen3-30b-a3b-4l": 48, "mixtral-8x7b-2l": 32, "gemma-3-4b-6l": 3
                "granite-3-8b-4l": 40, "deepseek-v2-lite-4l": 27}
 
 
+def bare_model_name(model: str) -> str:
+    """A shape's name without the depth its default carries: ``Llama-3.1-8B shape (4 layers)`` -> ``Llama-3.1-8B
+    shape``, for rows that state the depth they ran at, or none."""
+    return re.sub(r" \(\d+ layers\)$", "", MODEL_NAMES.get(model, model))
+
+
 def model_name(data: dict) -> str:
     """The shape's name, with the depth a run set (``distributed_bench.py --layers``) instead of the default's."""
     model = data.get("model", "?")
     runs = list((data.get("runs") or {}).values())
     layers = data.get("layers") or next((run.get("layers") for run in runs if run.get("layers")), None)
-    name = MODEL_NAMES.get(model, model)
     if not layers:
-        return name
+        return MODEL_NAMES.get(model, model)
     depth = "full depth" if _FULL_DEPTH.get(model) == layers else f"{layers} layers"
-    return re.sub(r" \(\d+ layers\)$", "", name) + f" ({depth})"
+    return bare_model_name(model) + f" ({depth})"
 
 
 def fsdp_setup(data: dict) -> str:

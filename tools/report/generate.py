@@ -23,6 +23,7 @@ from tools.report.data import PAGE_ONLY
 from tools.report.data import RESULTS
 from tools.report.data import ROOT
 from tools.report.data import VARIANT_NAMES
+from tools.report.data import bare_model_name
 from tools.report.data import commit_of
 from tools.report.data import commits_of
 from tools.report.data import date_of
@@ -588,9 +589,8 @@ def _packing_rows(stem: str, run: dict, add: Callable[..., None], *, in_process:
                  else "kept on the GPU")
         rounds = row["packed_vs_unpacked_each_round"]
         peak = row["peak_GiB"]
-        model = re.sub(r" \(\d+ layers\)$", "", MODEL_NAMES.get(row["model"], row["model"]))
-        add(stem, f"Packed rows (4 documents of 2,048 tokens in one row), {model}: kernelize, each step's "
-            f"batch {where}", "kernelize, the same documents unpacked, same process",
+        add(stem, f"Packed rows (4 documents of 2,048 tokens in one row), {bare_model_name(row['model'])}: "
+            f"kernelize, each step's batch {where}", "kernelize, the same documents unpacked, same process",
             row["packed_vs_unpacked_median"],
             f"**{row['packed_vs_unpacked_median']:.2f}x**, median of {len(rounds)} alternating rounds "
             f"({min(rounds):.2f}-{max(rounds):.2f}; {thousands(row['tokens_per_s_median']['packed'])} tok/s)",
@@ -676,7 +676,7 @@ def _recompute_rows(stem: str, data: dict, add: Callable[..., None]) -> None:
 def _ab_shape(shape: str, run: dict) -> str:
     """A configs_ab shape's name with the depth it was built at (its ``shapes`` entry)."""
     layers = (run.get("shapes") or {}).get(shape, {}).get("layers")
-    name = re.sub(r" \(\d+ layers\)$", "", MODEL_NAMES.get(shape, shape))
+    name = bare_model_name(shape)
     return f"{name} ({layers} layers)" if layers and shape != "qwen3-0.6b" else name
 
 
