@@ -54,7 +54,8 @@ its plain run at no more peak memory, losses within 1e-3. With ``--nprocs``, the
 Modifiers on any FSDP2 variant: ``+prefetch<N>`` has each decoder layer's unit all-gather the next N layers'
 parameters in forward and the previous N in backward (``set_modules_to_forward_prefetch`` /
 ``set_modules_to_backward_prefetch``; FSDP2's implicit prefetch is one), ``+noreshard`` keeps the layers' gathered
-parameters from forward to backward (``reshard_after_forward=False``) for that variant alone. Each kernelize
+parameters from forward to backward (``reshard_after_forward=False``) for that variant alone, ``+localstep`` has
+AdamW step on the local shards (``kernels_core.optim.step_on_local_shards``: no DTensor dispatch). Each kernelize
 before / after pair with the same modifiers (and ``kernelize_compile`` / ``kernelize_compile_after``) is compared:
 tokens/s within 3% (median of ``--rounds`` alternating rounds) and identical kernel choices. On one GPU the
 kernelized variants' target is >= 1.6x eager.
@@ -79,6 +80,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -100,6 +102,7 @@ from benchmarks.common import modeling_globals_kept
 from benchmarks.common import profile_step
 from benchmarks.common import require_cuda_kernels
 from benchmarks.common import settle_cpp_extension
+from benchmarks.common import trace_step
 from benchmarks.common import with_lora
 from benchmarks.common import write_json
 from benchmarks.cuda import floor
@@ -181,8 +184,8 @@ def variant_problem(name: str) -> str | None:
     if base not in VARIANTS:
         return f"unknown variant {base!r}; choose from {list(VARIANTS)}"
     for modifier in modifiers:
-        if modifier != "noreshard" and not PREFETCH.fullmatch(modifier):
-            return f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N> or noreshard"
+        if modifier not in ("noreshard", "localstep") and not PREFETCH.fullmatch(modifier):
+            return f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N>, noreshard or localstep"
         if VARIANTS[base][0] != "fsdp":
             return f"{modifier!r} in {name!r} applies to FSDP2 variants only"
     return None
@@ -401,6 +404,10 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     else:
         opt = torch.optim.AdamW([p for p in runner.parameters() if p.requires_grad], lr=1e-5, fused=fused,
                                 foreach=None if fused else True)
+        if "localstep" in modifiers:
+            from kernels_core.optim import step_on_local_shards
+
+            result["optimizer"] = step_on_local_shards(opt).describe()
 
         def step(batch: torch.Tensor) -> torch.Tensor:
             loss = runner(input_ids=batch, labels=batch).loss
@@ -448,6 +455,9 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         peak_GiB=None if peak is None else round(max(peaks), 4),
         losses=[round(v, 6) for v in mean_losses.tolist()],
     )
+    if args.localstep_ab and how == "fsdp":
+        result["localstep_ab"] = localstep_ab(step, opt, batches, device, rounds=args.localstep_ab,
+                                              steps=args.steps)
     if head_adapter:
         now = dict(model.named_parameters())
         changed = torch.tensor([float(any(not torch.equal(_local(now[n]).detach(), before)
@@ -466,9 +476,52 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         profiled = host_profile_step(lambda: step(batches[0]), device)
         if dist.get_rank() == 0:
             result["host_profile_one_step"] = profiled
+    if args.trace is not None:
+        _sync(device)
+        if dist.get_rank() == 0:
+            args.trace.mkdir(parents=True, exist_ok=True)
+            result["trace_one_step"] = trace_step(lambda: step(batches[0]), args.trace / f"trace-{name}.json.gz")
+        else:
+            step(batches[0])  # the collectives need every rank
     if how in ZERO_STAGE and hasattr(runner, "destroy"):
         runner.destroy()  # the engine's hooks and buffers, before the next variant builds its model
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
+
+
+def localstep_ab(step: Any, opt: torch.optim.Optimizer, batches: torch.Tensor, device: torch.device, *, rounds: int,
+                 steps: int) -> dict[str, Any]:
+    """The same model and optimizer trained in alternating blocks of ``steps`` steps with AdamW stepping through
+    DTensor dispatch and on the local shards (``kernels_core.optim``), the order flipped each round: tokens/s of
+    each block and the median ratio local / DTensor. One process, one model: only the optimizer's path differs."""
+    from kernels_core.optim import restore_step
+    from kernels_core.optim import step_on_local_shards
+
+    world = dist.get_world_size()
+    tokens = world * batches.shape[1] * batches.shape[2] * steps
+    speeds: dict[str, list[float]] = {"dtensor": [], "local": []}
+    index = 0
+    for round_ in range(rounds):
+        for mode in (("dtensor", "local") if round_ % 2 == 0 else ("local", "dtensor")):
+            if mode == "local":
+                step_on_local_shards(opt)
+            else:
+                restore_step(opt)
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(batches[index % batches.shape[0]])
+                index += 1
+            _sync(device)
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            speeds[mode].append(tokens / elapsed.item())
+    restore_step(opt)
+    ratios = [local / plain for local, plain in zip(speeds["local"], speeds["dtensor"], strict=True)]
+    return {"rounds": rounds, "steps_per_block": steps,
+            "tokens_per_s": {mode: [round(v) for v in values] for mode, values in speeds.items()},
+            "median_tokens_per_s": {mode: round(statistics.median(values)) for mode, values in speeds.items()},
+            "local_over_dtensor_each_round": [round(r, 4) for r in ratios],
+            "local_over_dtensor_median": round(statistics.median(ratios), 4)}
 
 
 def _floor_key(name: str, *, no_reshard: bool) -> tuple[str | None, bool] | None:
@@ -703,6 +756,13 @@ def main() -> None:
     parser.add_argument("--peft", choices=sorted(PEFT_TARGETS),
                         help="train PEFT LoRA adapters (r 16, alpha 32, dropout 0.05) in every variant: on every "
                              "decoder linear, on those and lm_head, or QLoRA (bitsandbytes 4-bit nf4 base, CUDA)")
+    parser.add_argument("--localstep-ab", type=int, metavar="ROUNDS",
+                        help="after each FSDP2 variant's timed steps, ROUNDS rounds of --steps steps alternating "
+                             "AdamW through DTensor dispatch and on the local shards (kernels_core.optim), same "
+                             "model and optimizer, order flipped each round: their median tokens/s and ratio")
+    parser.add_argument("--trace", type=pathlib.Path,
+                        help="folder for a Chrome trace of one more step of each variant on rank 0 (host threads and "
+                             "GPU), with its summary in the row: GPU busy and idle time, blocking runtime calls")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
     parser.add_argument("--no-floor", action="store_true", help="no floor accounting (benchmarks.cuda.floor)")
     parser.add_argument("--repeats", "--rounds", type=int, default=1,

@@ -89,6 +89,7 @@ def _train(scenario: str, out_dir: Path, which: str) -> dict[str, object]:
         "declined": {e.module + "|" + e.kind: e.reason for e in report.entries
                      if not e.applied and not e.covered} if report else {},
         "loss_owner": callback.loss if callback else None,
+        "optimizer_step": callback.optimizer_step if callback else None,
     }
 
 

@@ -58,6 +58,7 @@ def test_ddp_trains_like_the_plain_trainer(tmp_path):
     ranks = _launch("ddp", tmp_path)
     for result in ranks:
         assert result["plain"]["wrapper"] == result["kernelized"]["wrapper"] == "DistributedDataParallel"
+        assert result["kernelized"]["optimizer_step"] is None, "DDP has no sharded parameters to step locally"
     _check_same_training(ranks, "ddp")
 
 
@@ -68,4 +69,7 @@ def test_accelerate_fsdp2_trains_like_the_plain_trainer(tmp_path):
             run = result[which]
             assert run["fsdp2_sharded"], f"rank {rank} {which}: parameters are not FSDP2 DTensors"
             assert "FSDPQwen3DecoderLayer" in run["fsdp2_modules"], f"rank {rank} {which}: {run['fsdp2_modules']}"
+        # The Trainer's AdamW (inside accelerate's wrapper) steps the local shards; the losses below are the
+        # plain Trainer's, whose AdamW goes through DTensor dispatch.
+        assert result["kernelized"]["optimizer_step"].startswith("AdamW steps on local shards ("), result
     _check_same_training(ranks, "fsdp")

@@ -195,10 +195,24 @@ def test_kernels_stay_after_training_and_a_second_train_matches(tmp_path, pm):
     ({"config": 3}, TypeError, "option 'config' must be a dict"),
     ({"config": {"kinds": {"rms_norm": {"enabeld": False}}}}, kernels_core.ConfigError, "option 'config'.*enabeld"),
     ({"plugin_manager": "pm"}, TypeError, "option 'plugin_manager'"),
+    ({"local_shard_step": "yes"}, TypeError, "option 'local_shard_step' must be a bool or None, got str"),
 ])
 def test_bad_options_raise_naming_the_option(options, error, names):
     with pytest.raises(error, match=names):
         KernelizeCallback(**options)
+
+
+def test_local_shard_step_required_without_fsdp2_raises_when_training_begins(tmp_path, pm):
+    with pytest.raises(KernelizeError, match=r"local_shard_step=True.*AdamW cannot step on local shards: no "
+                                             r"parameter is a DTensor"):
+        _train(tmp_path, KernelizeCallback(plugin_manager=pm, local_shard_step=True), max_steps=1)
+
+
+def test_without_fsdp2_the_optimizer_is_left_alone(tmp_path, pm):
+    callback = KernelizeCallback(plugin_manager=pm)
+    trainer, _ = _train(tmp_path, callback, max_steps=1)
+    assert callback.optimizer_step is None
+    assert "step" not in vars(trainer.optimizer.optimizer)
 
 
 def test_options_are_keyword_only():

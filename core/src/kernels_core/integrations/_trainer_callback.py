@@ -42,6 +42,9 @@ from .._report import KernelizeReport
 from .._resolve import find_backend
 from .._types import BackendInfo
 from .._types import Mode
+from ..optim import NO_DTENSOR
+from ..optim import local_shard_problem
+from ..optim import step_on_local_shards
 from ._fp8 import apply_fp8
 from ._fp8 import check_fp8
 
@@ -222,6 +225,11 @@ class KernelizeCallback(TrainerCallback):
             ``kernels-cuda[fp8]``, a GPU of compute capability 8.9 or newer, bf16 weights and
             ``TrainingArguments(torch_compile=True)``, else training does not start: ``KernelizeError``). Short for
             ``[kinds.linear] prefer = { any = [...] }``; ``None`` (default) keeps them in bf16.
+        local_shard_step: under FSDP2, have the Trainer's optimizer step on the parameters' local shards
+            (:func:`kernels_core.optim.step_on_local_shards`: the same update, bitwise, without DTensor dispatch).
+            ``None`` (default): when the optimizer is one of the elementwise ``torch.optim`` classes and the
+            parameters are DTensors, else the optimizer is left alone with the reason logged; ``True``: required
+            (``KernelizeError`` when training begins if it cannot be done); ``False``: never.
         plugin_manager: use this plugin manager instead of the process-wide one (tests, embedding frameworks).
 
     Raises:
@@ -232,7 +240,7 @@ class KernelizeCallback(TrainerCallback):
 
     def __init__(self, *, mode: Mode | None = None, config: dict[str, Any] | str | os.PathLike[str] | KernelsConfig
                  | None = None, strict: bool = False, fp8: str | None = None,
-                 plugin_manager: KernelsPluginManager | None = None) -> None:
+                 local_shard_step: bool | None = None, plugin_manager: KernelsPluginManager | None = None) -> None:
         if mode is not None:
             if not isinstance(mode, Mode):
                 raise TypeError(f"KernelizeCallback option 'mode' must be a kernels_core.Mode (Mode.TRAINING, "
@@ -244,6 +252,9 @@ class KernelizeCallback(TrainerCallback):
         if not isinstance(strict, bool):
             raise TypeError(f"KernelizeCallback option 'strict' must be a bool, got {type(strict).__name__} "
                             f"{strict!r}")
+        if local_shard_step is not None and not isinstance(local_shard_step, bool):
+            raise TypeError(f"KernelizeCallback option 'local_shard_step' must be a bool or None, got "
+                            f"{type(local_shard_step).__name__} {local_shard_step!r}")
         if plugin_manager is not None and not isinstance(plugin_manager, KernelsPluginManager):
             raise TypeError(f"KernelizeCallback option 'plugin_manager' must be a KernelsPluginManager or None, got "
                             f"{type(plugin_manager).__name__}")
@@ -252,13 +263,17 @@ class KernelizeCallback(TrainerCallback):
         self.mode = mode
         self.config = config
         self.strict = strict
+        self.local_shard_step = local_shard_step
         self.plugin_manager = plugin_manager
         self.report: KernelizeReport | None = None
         self.loss: str | None = None
+        # How the optimizer steps (the local-shard path, or why not), once training began under FSDP2.
+        self.optimizer_step: str | None = None
 
     def __repr__(self) -> str:
         fp8 = f", fp8={self.fp8!r}" if self.fp8 is not None else ""
-        return f"KernelizeCallback(mode={self.mode!r}, config={self.config!r}, strict={self.strict!r}{fp8})"
+        local = "" if self.local_shard_step is None else f", local_shard_step={self.local_shard_step!r}"
+        return f"KernelizeCallback(mode={self.mode!r}, config={self.config!r}, strict={self.strict!r}{fp8}{local})"
 
     def _mode(self, args: Any) -> Mode:
         if self.mode is not None:
@@ -309,14 +324,34 @@ class KernelizeCallback(TrainerCallback):
             # what the Trainer has prepared (DDP and FSDP2 either way; compilation is lazy).
             self._kernelize(args, target, "when training began")
         _annotate_trl(target)
+        self._optimizer(kwargs.get("optimizer"))
         report = get_report(target)
         self.report = report
         self.loss = loss_owner(target)
+        if self.optimizer_step is not None:
+            logger.info("KernelizeCallback: %s", self.optimizer_step)
         if report is None:
             return
         logger.info("%s; loss: %s", report.summary(), self.loss)
         if state is None or getattr(state, "is_world_process_zero", True):
             self._write(args, report)
+
+    def _optimizer(self, optimizer: Any) -> None:
+        """Under FSDP2, the Trainer's optimizer (inside accelerate's wrapper) steps on the local shards."""
+        self.optimizer_step = None
+        if self.local_shard_step is False or optimizer is None:
+            return
+        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer  # accelerate's AcceleratedOptimizer
+        problem = local_shard_problem(optimizer)
+        if problem is None:
+            self.optimizer_step = step_on_local_shards(optimizer).describe()
+            return
+        if self.local_shard_step:
+            raise KernelizeError(f"KernelizeCallback(local_shard_step=True): {type(optimizer).__name__} cannot step "
+                                 f"on local shards: {problem}")
+        if problem != NO_DTENSOR:
+            self.optimizer_step = f"{type(optimizer).__name__} steps through DTensor dispatch: {problem}"
 
     def _write(self, args: Any, report: KernelizeReport) -> None:
         output_dir = getattr(args, "output_dir", None)
@@ -324,5 +359,6 @@ class KernelizeCallback(TrainerCallback):
             return
         path = Path(output_dir) / REPORT_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"loss": self.loss, **report.to_dict()}
+        payload = {"loss": self.loss, **({"optimizer": self.optimizer_step} if self.optimizer_step else {}),
+                   **report.to_dict()}
         path.write_text(json.dumps(payload, indent=2) + "\n")
