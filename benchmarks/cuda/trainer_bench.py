@@ -13,8 +13,10 @@ rank, tokens/s over all ranks, the logged loss is the Trainer's mean over ranks.
 it under DeepSpeed ZeRO-2 / ZeRO-3 instead (``TrainingArguments(deepspeed=...)``, bf16, the Trainer's AdamW as
 the client optimizer), on ``--gpus`` GPUs (1 included). ``kernelize_before`` calls ``kernels_core.kernelize`` on
 the model before the Trainer exists (as LLaMA-Factory's ``KernelPlugin`` does at model load), ``kernelize`` adds
-``KernelizeCallback()``. ``--model`` takes a ``models_bench.py`` shape and ``--layers`` its depth
-(``--model llama-3.1-8b-4l --layers 32``: Llama-3.1-8B at full depth); ``--optimizer foreach`` uses torch's
+``KernelizeCallback()`` (which, under FSDP2, has the optimizer step on the local shards;
+``kernelize_dtensor_step`` is the callback with ``local_shard_step=False``). ``--model`` takes a ``models_bench.py``
+shape and ``--layers`` its depth (``--model llama-3.1-8b-4l --layers 32``: Llama-3.1-8B at full depth);
+``--optimizer foreach`` uses torch's
 multi-tensor AdamW instead of the fused one; ``--batch``/``--seq`` set the per-rank batch;
 ``--peft lora|lora_lm_head|qlora`` trains LoRA adapters (QLoRA: the base quantized to 4-bit nf4 by bitsandbytes
 while loading). ``--packing`` sends each step's ``--batch`` documents of ``--seq`` tokens as one packed row through
@@ -49,7 +51,8 @@ from benchmarks.common import write_json
 from benchmarks.cuda.distributed_bench import build_model
 
 
-VARIANTS = ["plain", "liger", "kernelize", "kernelize_before", "plain_compile", "liger_compile", "kernelize_compile"]
+VARIANTS = ["plain", "liger", "kernelize", "kernelize_before", "plain_compile", "liger_compile", "kernelize_compile",
+            "kernelize_dtensor_step"]
 
 
 def deepspeed_config(stage: int) -> dict:
@@ -76,10 +79,11 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
             stamps.append(time.perf_counter())
 
     callbacks: list = [Stamp()]
-    if variant in ("kernelize", "kernelize_compile"):
+    if variant in ("kernelize", "kernelize_compile", "kernelize_dtensor_step"):
         from kernels_core.integrations.transformers import KernelizeCallback
 
-        callbacks.append(KernelizeCallback())
+        # kernelize_dtensor_step: the callback without its FSDP2 local-shard optimizer step (the A/B of that step).
+        callbacks.append(KernelizeCallback(local_shard_step=False if variant == "kernelize_dtensor_step" else None))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     model = build_model(model_name, tiny=False, device=torch.device("cuda", torch.cuda.current_device()),
@@ -159,6 +163,7 @@ def run_variant(variant: str, steps: int, warmup: int, output_dir: str, *, fsdp:
     if len(callbacks) > 1:
         result["kernelize"] = callbacks[1].report.summary()
         result["loss_owner"] = callbacks[1].loss
+        result["optimizer_step"] = callbacks[1].optimizer_step
     elif variant == "kernelize_before":
         import kernels_core
 
@@ -251,6 +256,7 @@ def main() -> int:
         "kernelize_vs_liger_memory": ratio("kernelize", "liger", "peak_memory_gib"),
         "kernelize_compile_vs_plain_compile_tokens": ratio("kernelize_compile", "plain_compile"),
         "kernelize_vs_plain_tokens": ratio("kernelize", "plain"),
+        "kernelize_vs_kernelize_dtensor_step_tokens": ratio("kernelize", "kernelize_dtensor_step"),
         "kernelize_vs_plain_memory": ratio("kernelize", "plain", "peak_memory_gib"),
         "kernelize_before_vs_plain_tokens": ratio("kernelize_before", "plain"),
         "kernelize_before_vs_liger_tokens": ratio("kernelize_before", "liger"),
