@@ -28,6 +28,7 @@ STEPS = 5
 SETTINGS = {
     "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True),
     "adamw_for_loop": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, fused=True),
     "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True, foreach=True),
     "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, foreach=True),
     "rmsprop_centered": lambda p: torch.optim.RMSprop(p, lr=1e-3, centered=True, momentum=0.5, foreach=True),

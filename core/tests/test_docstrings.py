@@ -13,7 +13,8 @@ import pytest
 # Modules whose public API documents itself with examples; they must keep at least one that runs.
 WITH_EXAMPLES = {"kernels_core", "kernels_core._types", "kernels_core._config", "kernels_core._report",
                  "kernels_core._kernelize", "kernels_core.portable", "kernels_core.testing",
-                 "kernels_core._plugins._manager", "kernels_core.plugin", "kernels_core._errors"}
+                 "kernels_core._plugins._manager", "kernels_core.plugin", "kernels_core._errors",
+                 "kernels_core.optim"}
 MODULES = sorted(
     name for _, name, _ in pkgutil.walk_packages(kernels_core.__path__, prefix="kernels_core.")
     if name != "kernels_core._cli"  # its examples are the README's shell commands

@@ -34,8 +34,8 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 
 @distributed
-@pytest.mark.parametrize("setting", ["adamw_foreach", "adamw_for_loop", "adam_amsgrad", "sgd_nesterov",
-                                     "rmsprop_centered", "adagrad"])
+@pytest.mark.parametrize("setting", ["adamw_foreach", "adamw_for_loop", "adamw_fused", "adam_amsgrad",
+                                     "sgd_nesterov", "rmsprop_centered", "adagrad"])
 def test_local_shard_steps_are_bitwise_the_dtensor_steps(ranks, setting):
     for rank, result in enumerate(ranks):
         assert result[setting]["bitwise"], f"rank {rank}: {setting} differs from its DTensor steps"

@@ -159,11 +159,16 @@ PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1x
               # their spread); that file keeps the headline rows and the compile variants.
               "distributed-fsdp2-recheck-1xh200",
               # Sharding settings (noreshard, prefetch): a recipe's measurement, described in the integrations page.
-              "distributed-fsdp2-sharding-1xh200"}
+              "distributed-fsdp2-sharding-1xh200",
+              # The local-shard optimizer step's in-process A/B and the traced steps behind the FSDP2 host
+              # accounting: described in the benchmarks and integrations pages.
+              "distributed-fsdp2-localstep-ab-1xh200", "distributed-fsdp2-trace-1xh200"}
 
 
 # distributed_bench variants in the headline, with the baseline each is compared with.
 DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
+                         ("kernelize_before+localstep", "kernelize, then `fully_shard`, AdamW on local shards "
+                          "(`KernelizeCallback`'s default)", "eager"),
                          ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"))
 
 

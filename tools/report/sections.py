@@ -81,6 +81,7 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
         header.pop(5)
         table = [row[:5] + row[6:] for row in table]
     parts += [markdown_table(header, table), ""]
+    parts += _localstep_and_trace(runs)
     scaling = data.get("scaling") or {}
     if scaling and len(counts) > 1:
         parts += [f"Tokens/s per GPU, and their ratio to the {counts[0]}-GPU figure (scaling efficiency):", "",
@@ -100,6 +101,35 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
                       "[Integrations, FSDP2](integrations.md#fsdp2).", ""]
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
+    return parts
+
+
+def _localstep_and_trace(runs: list[tuple[int, dict]]) -> list[str]:
+    """The optimizer-path A/B (``--localstep-ab``) and traced-step (``--trace``) tables of a distributed file."""
+    ab, traced = [], []
+    for _, run in runs:
+        for name, row in run.get("variants", {}).items():
+            if row.get("localstep_ab"):
+                a = row["localstep_ab"]
+                each = ", ".join(f"{r:.2f}" for r in a["local_over_dtensor_each_round"])
+                ab.append((f"`{name}`", f"{a['median_tokens_per_s']['dtensor']:,}",
+                           f"{a['median_tokens_per_s']['local']:,}", f"**{a['local_over_dtensor_median']:.2f}x**",
+                           f"{a['rounds']} x {a['steps_per_block']} steps: {each}"))
+            if row.get("trace_one_step"):
+                t = row["trace_one_step"]
+                traced.append((f"`{name}`", f"{row['step_ms']:.1f}", f"{t['wall_ms']:.1f}", f"{t['gpu_busy_ms']:.1f}",
+                               f"{t['gpu_idle_ms']:.1f}"))
+    parts = []
+    if ab:
+        parts += ["The same model and optimizer in one process, AdamW through DTensor dispatch against AdamW on the "
+                  "local shards (`kernels_core.optim.step_on_local_shards`), in alternating blocks, the order flipped "
+                  "each round:", "",
+                  markdown_table(("variant", "DTensor step tok/s", "local step tok/s", "local / DTensor (median)",
+                                  "rounds, each round's ratio"), ab), ""]
+    if traced:
+        parts += ["One more step of each variant under torch.profiler: the GPU's busy time (kernels, copies; streams "
+                  "merged) against the traced step's wall time; the untimed step is the timed rounds' median:", "",
+                  markdown_table(("variant", "step ms", "traced step ms", "GPU busy ms", "GPU idle ms"), traced), ""]
     return parts
 
 
