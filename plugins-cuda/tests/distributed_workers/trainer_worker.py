@@ -99,6 +99,10 @@ def main() -> None:
     check_report(callback.report, "cuda", what=what)
     check("kernels-core's fused loss" in (callback.loss or ""), f"{what}: loss owner is {callback.loss!r}",
           callback.report)
+    # Under FSDP2 the Trainer's AdamW steps on the local shards (the plain run's goes through DTensor dispatch);
+    # under DDP nothing is sharded and the optimizer is left alone.
+    local_step = (callback.optimizer_step or "").startswith("AdamW steps on local shards (")
+    check(local_step == (args.wrap == "fsdp"), f"{what}: optimizer step {callback.optimizer_step!r}", callback.report)
     check(len(plain["losses"]) == len(kernel["losses"]) == args.steps,
           f"{what}: {len(plain['losses'])} / {len(kernel['losses'])} logged losses, expected {args.steps}")
     tolerance = TOLERANCES[args.dtype]
