@@ -1,9 +1,10 @@
 """One rank of the local-shard optimizer checks (``test_optim.py``): FSDP2 over gloo on two CPU processes.
 
-For each optimizer setting the same sharded model trains twice from the same seed on the same data: once with the
-optimizer stepping through DTensor dispatch, once after ``step_on_local_shards``. The worker records whether every
-parameter (gathered) and every state value is bitwise the same, what type the states are, and the edge cases:
-a step that raises inside the optimizer, ``restore_step``, a Partial placement. Not collected by pytest.
+For each optimizer setting the same sharded model (a tiny Qwen3, one FSDP2 unit per decoder layer) trains twice
+from the same seed on the same data: once with the optimizer stepping through DTensor dispatch, once after
+``step_on_local_shards``. The worker records whether every parameter (gathered) and every state value is bitwise
+the same, what type the states are, and the edge cases: a step that raises inside the optimizer,
+``restore_step``, a Partial placement. Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import two_ranks  # noqa: E402
 from kernels_core.optim import local_shard_problem  # noqa: E402
 from kernels_core.optim import restore_step  # noqa: E402
 from kernels_core.optim import step_on_local_shards  # noqa: E402
+from kernels_core.testing import tiny_causal_lm  # noqa: E402
 
 
 STEPS = 5
@@ -39,13 +41,11 @@ SETTINGS = {
 def _model() -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)
-    # Odd sizes: the two ranks hold shards of different lengths, and the 1 x 5 weight leaves rank 1 an empty one.
-    blocks = [torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 5))
-              for _ in range(3)]
-    model = torch.nn.Sequential(*blocks, torch.nn.Linear(5, 1))
-    for block in blocks:
-        fully_shard(block)
+    # One FSDP2 unit per decoder layer, then the root, as training scripts shard. The odd vocabulary leaves the two
+    # ranks embedding and lm_head shards of unequal length.
+    model = tiny_causal_lm("qwen3", seed=0, vocab_size=101)
+    for layer in model.model.layers:
+        fully_shard(layer)
     fully_shard(model)
     return model
 
@@ -66,7 +66,8 @@ def _train(make, *, local: bool, scheduler_first: bool = False, failing_step: in
     seen = caught.__enter__()
     warnings.simplefilter("always")
     for index in range(STEPS):
-        model(torch.randn(3, 5, generator=generator)).square().mean().backward()
+        ids = torch.randint(3, 101, (2, 9), generator=generator)
+        model(input_ids=ids, labels=ids).loss.backward()
         if index == failing_step:
             def fail(*_):
                 raise RuntimeError("a step pre-hook failed")
