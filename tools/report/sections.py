@@ -60,6 +60,7 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
     plural = "s" if len(runs) > 1 or str(runs[0][0]) != "1" else ""
     where = " and ".join(str(gpus) for gpus, _ in runs) + f" {short_device(data, 1)}{plural}"
     parts = [f"## FSDP2 training, {model}{', ' + setup if setup else ''}, {where} (`{stem}.json`)", "",
+             *([f"{str(data['what'])[0].upper()}{str(data['what'])[1:]}.", ""] if data.get("what") else []),
              f"{data.get('config', '')}; {data.get('steps_timed')} timed steps after {data.get('steps_warmup')} "
              f"warm-up; {device_of(data)}, commit `{commit_of(data)}`. `benchmarks/cuda/distributed_bench.py`, one "
              "`torchrun` job per GPU count running the variants one after the other from the same seeds and data. "
