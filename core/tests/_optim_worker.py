@@ -39,14 +39,17 @@ SETTINGS = {
 
 
 def _model() -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     # One FSDP2 unit per decoder layer, then the root, as training scripts shard. The odd vocabulary leaves the two
-    # ranks embedding and lm_head shards of unequal length.
+    # ranks embedding and lm_head shards of unequal length. The mesh is the CPU's: without one, fully_shard picks
+    # the GPU where a CUDA build sees one, which these CPU modules and gloo are not on.
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = tiny_causal_lm("qwen3", seed=0, vocab_size=101)
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
