@@ -128,6 +128,15 @@ def main() -> None:
                          "instance_step_left": "step" in vars(optimizer)}
     result["installed_twice_same"] = step_on_local_shards(optimizer) is step_on_local_shards(optimizer)
 
+    class Wrapper:  # keeps the optimizer as .optimizer, as accelerate's AcceleratedOptimizer does
+        def __init__(self, inner: torch.optim.Optimizer) -> None:
+            self.optimizer = inner
+
+    restore_step(optimizer)
+    result["through_wrapper"] = {"installed": step_on_local_shards(Wrapper(optimizer)) is not None,
+                                 "on_inner": "step" in vars(optimizer),
+                                 "restored": restore_step(Wrapper(optimizer)) and "step" not in vars(optimizer)}
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import Partial

@@ -65,6 +65,7 @@ def test_restore_and_reinstall(ranks):
     for result in ranks:
         assert result["restore"] == {"first": True, "again": False, "instance_step_left": False}
         assert result["installed_twice_same"]
+        assert result["through_wrapper"] == {"installed": True, "on_inner": True, "restored": True}
 
 
 @distributed
@@ -100,6 +101,20 @@ def test_what_cannot_step_on_local_shards_is_named(make, names):
 def test_adafactor_is_refused_for_its_factored_moments():
     assert "Adafactor is not one of the elementwise optimizers" in local_shard_problem(
         torch.optim.Adafactor([_param()]))
+
+
+class _Wrapper(torch.optim.Optimizer):
+    """A wrapper that keeps the optimizer as ``.optimizer``, as accelerate's AcceleratedOptimizer does."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def test_a_wrapped_optimizer_is_judged_by_the_one_inside():
+    inner = torch.optim.LBFGS([_param()])
+    assert local_shard_problem(_Wrapper(inner)) == local_shard_problem(inner)
+    assert "LBFGS is not one of the elementwise optimizers" in local_shard_problem(_Wrapper(_Wrapper(inner)))
+    assert restore_step(_Wrapper(inner)) is False and installed_local_shard_steps(_Wrapper(inner)) is None
 
 
 def test_a_step_replaced_by_other_code_is_not_bypassed():

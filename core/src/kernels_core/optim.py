@@ -71,12 +71,23 @@ class LocalShardSteps:
                 f"parameters are DTensors)")
 
 
+def _inner(optimizer: Any) -> Any:
+    """The optimizer that steps: the one inside a wrapper that keeps it as ``.optimizer`` (accelerate's
+    ``AcceleratedOptimizer``, the Trainer's optimizer under accelerate)."""
+    import torch
+
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
 def _params(optimizer: Any) -> list[Any]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def local_shard_problem(optimizer: Any) -> str | None:
-    """Why ``optimizer`` cannot step on local shards, or None when it can.
+    """Why ``optimizer`` (or the optimizer a wrapper such as accelerate's keeps as ``.optimizer``) cannot step on
+    local shards, or None when it can.
 
     Example:
         >>> import torch
@@ -86,6 +97,7 @@ its update may reduce over a parameter, which a shard does not hold whole'
     """
     import torch
 
+    optimizer = _inner(optimizer)
     if not isinstance(optimizer, torch.optim.Optimizer):
         return f"{type(optimizer).__name__} is not a torch.optim.Optimizer"
     cls = type(optimizer)
@@ -113,9 +125,10 @@ def step_on_local_shards(optimizer: Any) -> LocalShardSteps:
     """Make ``optimizer.step()`` update FSDP2's sharded parameters through their local tensors.
 
     Call it after ``fully_shard`` and after the optimizer is built (before an LR scheduler wraps it is fine, and so
-    is after). Idempotent; :func:`restore_step` undoes it. A step falls back to the optimizer's own (DTensor) path,
-    with the same result, when it is given a closure or when a parameter with a gradient has no state yet (the
-    first step creates the states as DTensors).
+    is after). A wrapper that keeps the optimizer as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``) may be
+    passed: the optimizer inside it is the one changed. Idempotent; :func:`restore_step` undoes it. A step falls
+    back to the optimizer's own (DTensor) path, with the same result, when it is given a closure or when a
+    parameter with a gradient has no state yet (the first step creates the states as DTensors).
 
     Raises:
         ValueError: the optimizer cannot step on local shards; the message says why (:func:`local_shard_problem`).
@@ -127,6 +140,7 @@ def step_on_local_shards(optimizer: Any) -> LocalShardSteps:
         ...
         ValueError: cannot step SGD on local shards: no parameter is a DTensor (FSDP2 shards them; nothing to do)
     """
+    optimizer = _inner(optimizer)
     installed = getattr(optimizer, _ATTRIBUTE, None)
     if installed is not None:
         return installed
@@ -156,6 +170,7 @@ def restore_step(optimizer: Any) -> bool:
         >>> restore_step(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1))
         False
     """
+    optimizer = _inner(optimizer)
     if getattr(optimizer, _ATTRIBUTE, None) is None:
         return False
     delattr(optimizer, _ATTRIBUTE)
@@ -169,8 +184,8 @@ def restore_step(optimizer: Any) -> bool:
 
 
 def installed_local_shard_steps(optimizer: Any) -> LocalShardSteps | None:
-    """What :func:`step_on_local_shards` installed on ``optimizer``, or None."""
-    return getattr(optimizer, _ATTRIBUTE, None)
+    """What :func:`step_on_local_shards` installed on ``optimizer`` (or inside its wrapper), or None."""
+    return getattr(_inner(optimizer), _ATTRIBUTE, None)
 
 
 def _lr_scheduler_wrapper(step: Any) -> bool:

@@ -341,17 +341,16 @@ class KernelizeCallback(TrainerCallback):
         self.optimizer_step = None
         if self.local_shard_step is False or optimizer is None:
             return
-        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-            optimizer = optimizer.optimizer  # accelerate's AcceleratedOptimizer
-        problem = local_shard_problem(optimizer)
+        problem = local_shard_problem(optimizer)  # of the optimizer inside accelerate's AcceleratedOptimizer
         if problem is None:
             self.optimizer_step = step_on_local_shards(optimizer).describe()
             return
+        name = type(getattr(optimizer, "optimizer", optimizer)).__name__
         if self.local_shard_step:
-            raise KernelizeError(f"KernelizeCallback(local_shard_step=True): {type(optimizer).__name__} cannot step "
-                                 f"on local shards: {problem}")
+            raise KernelizeError(f"KernelizeCallback(local_shard_step=True): {name} cannot step on local shards: "
+                                 f"{problem}")
         if problem != NO_DTENSOR:
-            self.optimizer_step = f"{type(optimizer).__name__} steps through DTensor dispatch: {problem}"
+            self.optimizer_step = f"{name} steps through DTensor dispatch: {problem}"
 
     def _write(self, args: Any, report: KernelizeReport) -> None:
         output_dir = getattr(args, "output_dir", None)
