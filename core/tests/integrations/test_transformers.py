@@ -208,6 +208,13 @@ def test_local_shard_step_required_without_fsdp2_raises_when_training_begins(tmp
         _train(tmp_path, KernelizeCallback(plugin_manager=pm, local_shard_step=True), max_steps=1)
 
 
+def test_local_shard_step_required_without_an_optimizer_raises(pm):
+    callback = KernelizeCallback(plugin_manager=pm, local_shard_step=True)
+    with pytest.raises(KernelizeError, match="passed no optimizer"):
+        callback._optimizer(None)
+    KernelizeCallback(plugin_manager=pm)._optimizer(None)  # automatic: nothing to do, nothing raised
+
+
 def test_without_fsdp2_the_optimizer_is_left_alone(tmp_path, pm):
     callback = KernelizeCallback(plugin_manager=pm)
     trainer, _ = _train(tmp_path, callback, max_steps=1)

@@ -339,7 +339,12 @@ class KernelizeCallback(TrainerCallback):
     def _optimizer(self, optimizer: Any) -> None:
         """Under FSDP2, the Trainer's optimizer (inside accelerate's wrapper) steps on the local shards."""
         self.optimizer_step = None
-        if self.local_shard_step is False or optimizer is None:
+        if self.local_shard_step is False:
+            return
+        if optimizer is None:
+            if self.local_shard_step:
+                raise KernelizeError("KernelizeCallback(local_shard_step=True): the Trainer passed no optimizer to "
+                                     "on_train_begin")
             return
         problem = local_shard_problem(optimizer)  # of the optimizer inside accelerate's AcceleratedOptimizer
         if problem is None:
