@@ -38,14 +38,17 @@ SETTINGS = {
 }
 
 
-def _model() -> torch.nn.Module:
+def _model(*, replicated: bool = False) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     # One FSDP2 unit per decoder layer, then the root, as training scripts shard. The odd vocabulary leaves the two
     # ranks embedding and lm_head shards of unequal length. The mesh is the CPU's: without one, fully_shard picks
-    # the GPU where a CUDA build sees one, which these CPU modules and gloo are not on.
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    # the GPU where a CUDA build sees one, which these CPU modules and gloo are not on. ``replicated``: HSDP's 2-D
+    # mesh, replicated over the two ranks and sharded over one (placements Replicate, Shard(0)).
+    world = dist.get_world_size()
+    mesh = (init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")) if replicated
+            else init_device_mesh("cpu", (world,)))
     model = tiny_causal_lm("qwen3", seed=0, vocab_size=101)
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
@@ -53,8 +56,9 @@ def _model() -> torch.nn.Module:
     return model
 
 
-def _train(make, *, local: bool, scheduler_first: bool = False, failing_step: int | None = None) -> dict:
-    model = _model()
+def _train(make, *, local: bool, scheduler_first: bool = False, failing_step: int | None = None,
+           replicated: bool = False) -> dict:
+    model = _model(replicated=replicated)
     optimizer = make(model.parameters())
     scheduler = None
     if scheduler_first:  # an LR scheduler wrapping the step before step_on_local_shards is called
@@ -116,6 +120,10 @@ def main() -> None:
         result[name] = {"bitwise": _same(plain, local), "state_types": local["state_types"],
                         "plain_state_types": plain["state_types"]}
     make = SETTINGS["adamw_foreach"]
+    hsdp_plain, hsdp_local = _train(make, local=False, replicated=True), _train(make, local=True, replicated=True)
+    hsdp_params = hsdp_local["optimizer"].param_groups[0]["params"]
+    result["hsdp"] = {"bitwise": _same(hsdp_plain, hsdp_local), "state_types": hsdp_local["state_types"],
+                      "placements": sorted({str(p.placements) for p in hsdp_params})}
     plain = _train(make, local=False)
     first = _train(make, local=True, scheduler_first=True)
     after = _train(make, local=True)

@@ -44,6 +44,15 @@ def test_local_shard_steps_are_bitwise_the_dtensor_steps(ranks, setting):
 
 
 @distributed
+def test_hsdp_replicated_and_sharded_placements_step_bitwise(ranks):
+    for rank, result in enumerate(ranks):
+        hsdp = result["hsdp"]
+        assert hsdp["placements"] == ["(Replicate(), Shard(dim=0))"], hsdp["placements"]
+        assert hsdp["bitwise"], f"rank {rank}: HSDP's local-shard steps differ from its DTensor steps"
+        assert hsdp["state_types"] == ["DTensor"]
+
+
+@distributed
 def test_an_lr_scheduler_made_before_or_after_keeps_working(ranks):
     for result in ranks:
         assert result["scheduler"]["first_bitwise"] and result["scheduler"]["after_bitwise"]
