@@ -27,6 +27,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -170,6 +171,23 @@ def train_steps(runner, parameters, batch: torch.Tensor | Mapping[str, torch.Ten
         "host_queue_s": [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)],
         "losses": losses,
     }, step
+
+
+def alternating_rounds(names: tuple[str, str], *, rounds: int,
+                       block: Callable[[str], float]) -> dict[str, list[float]]:
+    """``block(name)`` for both ``names`` each round, the order flipped every round so that a machine's drift hits
+    both alike; what each call returned (a block's tokens/s), per name, in round order.
+
+    Example:
+        >>> calls = []
+        >>> alternating_rounds(("a", "b"), rounds=2, block=lambda name: calls.append(name) or len(calls))
+        {'a': [1, 4], 'b': [2, 3]}
+    """
+    values: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            values[name].append(block(name))
+    return values
 
 
 # The distributed GPU tests' helpers, loaded from their file: the workers folder is no package, and its scripts

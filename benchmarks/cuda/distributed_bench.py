@@ -94,6 +94,7 @@ import torch.distributed as dist
 
 from benchmarks.common import PEFT_TARGETS
 from benchmarks.common import QWEN3_0_6B
+from benchmarks.common import alternating_rounds
 from benchmarks.common import distributed_workers
 from benchmarks.common import environment
 from benchmarks.common import fp8_linear_config
@@ -498,23 +499,25 @@ def localstep_ab(step: Any, opt: torch.optim.Optimizer, batches: torch.Tensor, d
 
     world = dist.get_world_size()
     tokens = world * batches.shape[1] * batches.shape[2] * steps
-    speeds: dict[str, list[float]] = {"dtensor": [], "local": []}
-    index = 0
-    for round_ in range(rounds):
-        for mode in (("dtensor", "local") if round_ % 2 == 0 else ("local", "dtensor")):
-            if mode == "local":
-                step_on_local_shards(opt)
-            else:
-                restore_step(opt)
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(steps):
-                step(batches[index % batches.shape[0]])
-                index += 1
-            _sync(device)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            speeds[mode].append(tokens / elapsed.item())
+    done = 0  # steps so far: each block continues through the batches where the previous one stopped
+
+    def block(mode: str) -> float:
+        nonlocal done
+        if mode == "local":
+            step_on_local_shards(opt)
+        else:
+            restore_step(opt)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(batches[done % batches.shape[0]])
+            done += 1
+        _sync(device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return tokens / elapsed.item()
+
+    speeds = alternating_rounds(("dtensor", "local"), rounds=rounds, block=block)
     restore_step(opt)
     ratios = [local / plain for local, plain in zip(speeds["local"], speeds["dtensor"], strict=True)]
     return {"rounds": rounds, "steps_per_block": steps,

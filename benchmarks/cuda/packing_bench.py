@@ -36,6 +36,7 @@ import traceback
 
 import torch
 
+from benchmarks.common import alternating_rounds
 from benchmarks.common import environment
 from benchmarks.common import host_profile_step
 from benchmarks.common import profile_step
@@ -172,19 +173,21 @@ def interleaved(model_name: str, variant: str, *, rounds: int, steps: int, warmu
         for layout in layouts:
             step(layout).item()
     first_s = time.perf_counter() - start
-    speeds: dict[str, list[float]] = {layout: [] for layout in layouts}
     peaks = dict.fromkeys(layouts, 0)
-    for index in range(rounds):
-        for layout in layouts if index % 2 == 0 else layouts[::-1]:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            start = time.perf_counter()
-            for _ in range(steps):
-                loss = step(layout)
-            torch.cuda.synchronize()
-            speeds[layout].append(steps * real[layout] / (time.perf_counter() - start))
-            peaks[layout] = max(peaks[layout], torch.cuda.max_memory_allocated())
-            loss.item()
+
+    def block(layout: str) -> float:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = step(layout)
+        torch.cuda.synchronize()
+        speed = steps * real[layout] / (time.perf_counter() - start)
+        peaks[layout] = max(peaks[layout], torch.cuda.max_memory_allocated())
+        loss.item()
+        return speed
+
+    speeds = alternating_rounds(layouts, rounds=rounds, block=block)
     ratios = [p / u for p, u in zip(speeds["packed"], speeds["unpacked"], strict=True)]
     return {
         "variant": variant, "rounds": rounds, "steps_per_block": steps, "host_batches": host_batches,

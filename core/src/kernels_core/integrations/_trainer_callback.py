@@ -43,6 +43,7 @@ from .._resolve import find_backend
 from .._types import BackendInfo
 from .._types import Mode
 from ..optim import NO_DTENSOR
+from ..optim import _inner
 from ..optim import local_shard_problem
 from ..optim import step_on_local_shards
 from ._fp8 import apply_fp8
@@ -350,7 +351,7 @@ class KernelizeCallback(TrainerCallback):
         if problem is None:
             self.optimizer_step = step_on_local_shards(optimizer).describe()
             return
-        name = type(getattr(optimizer, "optimizer", optimizer)).__name__
+        name = type(_inner(optimizer)).__name__
         if self.local_shard_step:
             raise KernelizeError(f"KernelizeCallback(local_shard_step=True): {name} cannot step on local shards: "
                                  f"{problem}")
