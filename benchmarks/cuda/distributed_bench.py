@@ -55,7 +55,11 @@ Modifiers on any FSDP2 variant: ``+prefetch<N>`` has each decoder layer's unit a
 parameters in forward and the previous N in backward (``set_modules_to_forward_prefetch`` /
 ``set_modules_to_backward_prefetch``; FSDP2's implicit prefetch is one), ``+noreshard`` keeps the layers' gathered
 parameters from forward to backward (``reshard_after_forward=False``) for that variant alone, ``+localstep`` has
-AdamW step on the local shards (``kernels_core.optim.step_on_local_shards``: no DTensor dispatch). Each kernelize
+AdamW step on the local shards (``kernels_core.optim.step_on_local_shards``: no DTensor dispatch). On compiled
+variants, ``+cudagraphs`` compiles each decoder layer with ``mode="reduce-overhead"`` (Inductor's CUDA graph trees:
+every layer's forward and backward graph replayed as one CUDA graph, FSDP2's hooks running between them) and marks
+each training step's start (``torch.compiler.cudagraph_mark_step_begin``); the row records Inductor's CUDA graph
+counters (``cudagraphs``: re-recordings and skips, with their reasons). Each kernelize
 before / after pair with the same modifiers (and ``kernelize_compile`` / ``kernelize_compile_after``) is compared:
 tokens/s within 3% (median of ``--rounds`` alternating rounds) and identical kernel choices. On one GPU the
 kernelized variants' target is >= 1.6x eager.
@@ -185,10 +189,13 @@ def variant_problem(name: str) -> str | None:
     if base not in VARIANTS:
         return f"unknown variant {base!r}; choose from {list(VARIANTS)}"
     for modifier in modifiers:
-        if modifier not in ("noreshard", "localstep") and not PREFETCH.fullmatch(modifier):
-            return f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N>, noreshard or localstep"
+        if modifier not in ("noreshard", "localstep", "cudagraphs") and not PREFETCH.fullmatch(modifier):
+            return (f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N>, noreshard, localstep or "
+                    "cudagraphs")
         if VARIANTS[base][0] != "fsdp":
             return f"{modifier!r} in {name!r} applies to FSDP2 variants only"
+        if modifier == "cudagraphs" and base not in COMPILED:
+            return f"'cudagraphs' in {name!r} applies to compiled variants only ({sorted(COMPILED)})"
     return None
 
 
@@ -366,8 +373,9 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     if compiled:
         # Each decoder layer compiled on its own, then sharded: FSDP2's hooks stay outside the compiled graphs.
         layers = decoder_layers(model)
+        graphs = "cudagraphs" in modifiers
         for index, layer in enumerate(layers):
-            layers[index] = torch.compile(layer)
+            layers[index] = torch.compile(layer, mode="reduce-overhead") if graphs else torch.compile(layer)
     fused = args.optimizer == "fused" and device.type == "cuda"
     batch_size = batches.shape[1]
     if how in ZERO_STAGE:
@@ -411,6 +419,9 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
             result["optimizer"] = step_on_local_shards(opt).describe()
 
         def step(batch: torch.Tensor) -> torch.Tensor:
+            if "cudagraphs" in modifiers:
+                # A new step: the graphs' outputs of the last one (activations, gradients) are no longer read.
+                torch.compiler.cudagraph_mark_step_begin()
             loss = runner(input_ids=batch, labels=batch).loss
             loss.backward()
             opt.step()
@@ -456,6 +467,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         peak_GiB=None if peak is None else round(max(peaks), 4),
         losses=[round(v, 6) for v in mean_losses.tolist()],
     )
+    if "cudagraphs" in modifiers:
+        result["cudagraphs"] = cudagraph_record(device)
     if args.localstep_ab and how == "fsdp":
         result["localstep_ab"] = localstep_ab(step, opt, batches, device, rounds=args.localstep_ab,
                                               steps=args.steps)
@@ -487,6 +500,25 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     if how in ZERO_STAGE and hasattr(runner, "destroy"):
         runner.destroy()  # the engine's hooks and buffers, before the next variant builds its model
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
+
+
+def cudagraph_record(device: torch.device) -> dict[str, Any]:
+    """What Inductor's CUDA graph trees did in this process so far: graphs recorded, re-recordings (a static
+    input, such as a parameter FSDP2 gathered into new memory, changed address) and skips (the graph ran without
+    CUDA graphs; the log says why)."""
+    from torch._dynamo.utils import counters
+
+    record: dict[str, Any] = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+    # Inductor keeps its graph trees in thread-local storage, one manager per device (absent on the CPU).
+    if device.type != "cuda" or not torch._C._is_key_in_tls("tree_manager_containers"):
+        return record
+    containers = torch._C._get_obj_in_tls("tree_manager_containers")
+    manager = getattr(containers.get(device.index), "tree_manager", None)
+    if manager is not None:
+        # itertools.count shows its next value only through repr: count(N).
+        record["graphs_recorded"] = int(re.sub(r"\D", "", repr(manager.graph_counter)) or 0)
+        record["rerecords"] = sum(sum(per.values()) for per in manager.num_rerecord.values())
+    return record
 
 
 def localstep_ab(step: Any, opt: torch.optim.Optimizer, batches: torch.Tensor, device: torch.device, *, rounds: int,
@@ -820,7 +852,8 @@ def main() -> None:
     payload: dict[str, Any] = {
         "environment": environment_record(device),
         "model": args.model,
-        "config": (f"{args.model} shape{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
+        "config": (f"{args.model} shape{f' at {args.layers} layers' if args.layers else ''}"
+                   f"{' (--tiny: ' + str(TINY) + ')' if args.tiny else ''}, bf16 parameters, sdpa; "
                    f"FSDP2 fully_shard per {args.layers_per_unit} decoder layer(s) then root, no mixed-precision "
                    "policy / DDP; "
                    "compile variants: torch.compile per decoder layer before fully_shard; "

@@ -352,7 +352,7 @@ def summary_table(results: dict[str, dict]) -> str:
                     add(f"Trainer, Qwen3-0.6B shape, `{variant}`", long_device(data), tok[variant] / tok["plain"],
                         peak[variant] / peak["plain"], stem)
         elif stem.startswith("distributed-"):
-            model = MODEL_NAMES.get(data.get("model", ""), data.get("model", "?"))
+            model = model_name(data)
             runs = [(int(n), data["runs"][n]) for n in gpu_counts(data)] or [(gpu_count(data), data)]
             for gpus, run in runs:
                 v = run.get("variants", {})
