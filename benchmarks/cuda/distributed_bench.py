@@ -59,7 +59,10 @@ AdamW step on the local shards (``kernels_core.optim.step_on_local_shards``: no 
 variants, ``+cudagraphs`` compiles each decoder layer with ``mode="reduce-overhead"`` (Inductor's CUDA graph trees:
 every layer's forward and backward graph replayed as one CUDA graph, FSDP2's hooks running between them) and marks
 each training step's start (``torch.compiler.cudagraph_mark_step_begin``); the row records Inductor's CUDA graph
-counters (``cudagraphs``: re-recordings and skips, with their reasons). Each kernelize
+counters (``cudagraphs``: re-recordings and skips, with their reasons). On compiled kernelize variants,
+``+compilenative`` leaves the elementwise kinds (:data:`COMPILE_NATIVE_KINDS`: RMSNorm, residual add + RMSNorm,
+rotary embedding, gated MLP) to Inductor (kernelize ``config`` with ``enabled = false`` for each), keeping the
+loss, attention, mask and MoE kernels. Each kernelize
 before / after pair with the same modifiers (and ``kernelize_compile`` / ``kernelize_compile_after``) is compared:
 tokens/s within 3% (median of ``--rounds`` alternating rounds) and identical kernel choices. On one GPU the
 kernelized variants' target is >= 1.6x eager.
@@ -147,6 +150,9 @@ FP8 = {"kernelize_compile_fp8_rowwise": "rowwise", "kernelize_compile_fp8_tensor
 COMPILED = {"compile", "kernelize_compile", "kernelize_compile_after", *FP8}
 # Modifiers of an FSDP2 variant's sharding (``name+prefetch2+noreshard``): see the module.
 PREFETCH = re.compile(r"prefetch(\d+)")
+MODIFIERS = ("noreshard", "localstep", "cudagraphs", "compilenative")
+# The kinds +compilenative leaves to Inductor: elementwise work it fuses into the neighbouring operations.
+COMPILE_NATIVE_KINDS = ("rms_norm", "residual_rms_norm", "rotary_embedding", "silu_gated_mlp", "gelu_gated_mlp")
 # Variants patched by Liger-Kernel (its per-instance model patch, as the Trainer's use_liger_kernel applies it).
 LIGER = {"liger"}
 BASELINE = {"fsdp": "eager", "ddp": "ddp_eager", "zero2": "ds_zero2", "zero3": "ds_zero3"}
@@ -189,11 +195,13 @@ def variant_problem(name: str) -> str | None:
     if base not in VARIANTS:
         return f"unknown variant {base!r}; choose from {list(VARIANTS)}"
     for modifier in modifiers:
-        if modifier not in ("noreshard", "localstep", "cudagraphs") and not PREFETCH.fullmatch(modifier):
-            return (f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N>, noreshard, localstep or "
-                    "cudagraphs")
+        if modifier not in MODIFIERS and not PREFETCH.fullmatch(modifier):
+            return (f"unknown modifier {modifier!r} in {name!r}; expected prefetch<N> or one of "
+                    f"{', '.join(MODIFIERS)}")
         if VARIANTS[base][0] != "fsdp":
             return f"{modifier!r} in {name!r} applies to FSDP2 variants only"
+        if modifier == "compilenative" and (base not in COMPILED or VARIANTS[base][1] is None):
+            return f"'compilenative' in {name!r} applies to compiled kernelize variants only"
         if modifier == "cudagraphs" and base not in COMPILED:
             return f"'cudagraphs' in {name!r} applies to compiled variants only ({sorted(COMPILED)})"
     return None
@@ -368,8 +376,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         _apply_liger_kernel_to_instance(model=base)
     if order == "before":
         mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
-        config = fp8_linear_config(FP8[base]) if base in FP8 else None
-        kernels_core.kernelize(model, mode=mode, config=config)
+        kernels_core.kernelize(model, mode=mode, config=kernelize_config(base, modifiers))
     if compiled:
         # Each decoder layer compiled on its own, then sharded: FSDP2's hooks stay outside the compiled graphs.
         layers = decoder_layers(model)
@@ -391,7 +398,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         # DeepSpeed's engine is no nn.Module wrapper kernelize walks into: kernelize the module it trains. The
         # compiled layers are traced at their first call, after this, so they trace the bound kernels.
         mode = kernels_core.Mode.TRAINING | (kernels_core.Mode.TORCH_COMPILE if compiled else kernels_core.Mode(0))
-        kernels_core.kernelize(runner.module if how in ZERO_STAGE else runner, mode=mode)
+        kernels_core.kernelize(runner.module if how in ZERO_STAGE else runner, mode=mode,
+                               config=kernelize_config(base, modifiers))
     if order is not None:
         # The report lives on the module kernelize was given: the bare model, or the wrapper (DDP) around it.
         report = kernels_core.get_report(model if order == "before" or how in ZERO_STAGE else runner)
@@ -500,6 +508,20 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     if how in ZERO_STAGE and hasattr(runner, "destroy"):
         runner.destroy()  # the engine's hooks and buffers, before the next variant builds its model
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
+
+
+def kernelize_config(base: str, modifiers: list[str]) -> dict[str, Any] | None:
+    """The kernelize ``config`` of a variant: FP8 linears for the FP8 variants, the elementwise kinds switched
+    off under ``+compilenative``, else None.
+
+    Example:
+        >>> kernelize_config("kernelize_compile", ["compilenative"])["kinds"]["rms_norm"]
+        {'enabled': False}
+    """
+    config: dict[str, Any] = fp8_linear_config(FP8[base]) if base in FP8 else {"kinds": {}}
+    if "compilenative" in modifiers:
+        config["kinds"].update({kind: {"enabled": False} for kind in COMPILE_NATIVE_KINDS})
+    return config if config["kinds"] else None
 
 
 def cudagraph_record(device: torch.device) -> dict[str, Any]:
