@@ -162,14 +162,22 @@ PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1x
               "distributed-fsdp2-sharding-1xh200",
               # The local-shard optimizer step's in-process A/B and the traced steps behind the FSDP2 host
               # accounting: described in the benchmarks and integrations pages.
-              "distributed-fsdp2-localstep-ab-1xh200", "distributed-fsdp2-trace-1xh200"}
+              "distributed-fsdp2-localstep-ab-1xh200", "distributed-fsdp2-trace-1xh200",
+              # Superseded by distributed-llama-3.1-8b-profile-2xh200 (the same comparison with each step profiled).
+              "distributed-llama-3.1-8b-2xh200",
+              # FSDP2 experiments on one GPU behind the integrations page's recipe: CUDA graph trees (they re-record
+              # every step), the same variants in another order on another host, and NCCL's SM share on two GPUs.
+              "distributed-fsdp2-cudagraphs-1xh200", "distributed-fsdp2-repeat-1xh200",
+              "distributed-llama-3.1-8b-nccl-ctas-2xh200"}
 
 
 # distributed_bench variants in the headline, with the baseline each is compared with.
 DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
                          ("kernelize_before+localstep", "kernelize, then `fully_shard`, AdamW on local shards "
                           "(`KernelizeCallback`'s default)", "eager"),
-                         ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"))
+                         ("kernelize_compile", "kernelize + compile, then `fully_shard`", "`torch.compile`"),
+                         ("kernelize_compile+localstep+compilenative", "kernelize + compile per layer with the "
+                          "elementwise kinds left to Inductor, then `fully_shard`", "`torch.compile`"))
 
 
 def trainer_numbers(data: dict) -> tuple[dict[str, float], dict[str, float]]:

@@ -70,8 +70,12 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
     for gpus, run in runs:
         v = run.get("variants", {})
         for name, row in v.items():
-            vs = {base: f"{row['tokens_per_s'] / v[base]['tokens_per_s']:.2f}x" if base in v else "-"
-                  for base in ("eager", "compile")}
+            if row.get("tokens_per_s") is None:  # the variant failed: its error in place of the numbers
+                table.append((gpus, f"`{name}`", f"failed: {str(row.get('error', '?')).splitlines()[0][:90]}",
+                              *["-"] * 6))
+                continue
+            vs = {base: f"{row['tokens_per_s'] / v[base]['tokens_per_s']:.2f}x"
+                  if v.get(base, {}).get("tokens_per_s") else "-" for base in ("eager", "compile")}
             table.append((gpus, f"`{name}`", f"{row['tokens_per_s']:,.0f}", f"{row['tokens_per_s'] / gpus:,.0f}",
                           vs["eager"], vs["compile"], f"{row['peak_GiB']:.1f}",
                           f"{row['first_step_s']:.1f}" if row.get("first_step_s") is not None else "-",
@@ -82,7 +86,17 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
         header.pop(5)
         table = [row[:5] + row[6:] for row in table]
     parts += [markdown_table(header, table), ""]
+    graphs = [(name, row["cudagraphs"]) for _, run in runs for name, row in run.get("variants", {}).items()
+              if row.get("cudagraphs")]
+    if graphs:
+        parts += ["Inductor's CUDA graph trees in the `+cudagraphs` rows (the process's counts up to that row: graphs "
+                  "recorded, and recordings caused by inputs at new addresses):", "",
+                  markdown_table(["variant", "graphs recorded", "recorded for new input addresses", "skips"],
+                                 ((f"`{name}`", str(g.get("graphs_recorded", "-")),
+                                   str(g.get("cudagraph_recorded_non_static_inputs", "-")),
+                                   str(g.get("cudagraph_skips", 0))) for name, g in graphs)), ""]
     parts += _localstep_and_trace(runs)
+    parts += _step_accounting(data.get("step_accounting"))
     scaling = data.get("scaling") or {}
     if scaling and len(counts) > 1:
         parts += [f"Tokens/s per GPU, and their ratio to the {counts[0]}-GPU figure (scaling efficiency):", "",
@@ -103,6 +117,27 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts
+
+
+_ACCOUNTING = (("gemm", "GEMMs"), ("attention", "attention"), ("fsdp2_copies", "FSDP2 copies"), ("adamw", "AdamW"),
+               ("kernels", "Triton kernels (kernelize's, Liger's)"), ("other", "other"),
+               ("nccl", "NCCL (overlapped)"))
+
+
+def _step_accounting(accounting: dict | None) -> list[str]:
+    """A profiled step's GPU time per category and the bound it sets (``step_accounting`` of a distributed file)."""
+    if not accounting:
+        return []
+    by = accounting["by_variant_ms"]
+    rows = [(f"`{name}`", f"{ms['step_ms']:.1f}", *(f"{ms.get(key, 0.0):.1f}" for key, _ in _ACCOUNTING))
+            for name, ms in by.items()]
+    return [f"{accounting['what'][0].upper()}{accounting['what'][1:]}:", "",
+            markdown_table(("variant", "step ms", *(label for _, label in _ACCOUNTING)), rows), "",
+            f"Alone, these GEMMs take {accounting['gemm_floor_ms']:.1f} ms, attention "
+            f"{accounting['attention_floor_ms']:.1f} ms and the memory-bound work "
+            f"{accounting['memory_bound_floor_ms']:.1f} ms at HBM bandwidth. Bound for the kernelized step: "
+            f"{accounting['kernelized_bound_ms']:.1f} ms, "
+            f"{accounting['bound_vs_eager']:.2f}x eager's step and {accounting['bound_vs_liger']:.2f}x Liger's.", ""]
 
 
 def _localstep_and_trace(runs: list[tuple[int, dict]]) -> list[str]:
