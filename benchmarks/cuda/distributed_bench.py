@@ -190,7 +190,16 @@ def split_variant(name: str) -> tuple[str, list[str]]:
 
 
 def variant_problem(name: str) -> str | None:
-    """Why ``name`` is no variant of this benchmark, or None."""
+    """Why ``name`` is no variant of this benchmark, or None.
+
+    Example:
+        >>> variant_problem("kernelize_compile+localstep+compilenative+cudagraphs") is None
+        True
+        >>> variant_problem("compile+compilenative")
+        "'compilenative' in 'compile+compilenative' applies to compiled kernelize variants only"
+        >>> variant_problem("kernelize_before+cudagraphs")[:45]
+        "'cudagraphs' in 'kernelize_before+cudagraphs'"
+    """
     base, modifiers = split_variant(name)
     if base not in VARIANTS:
         return f"unknown variant {base!r}; choose from {list(VARIANTS)}"
@@ -784,7 +793,8 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} or a models_bench.py shape")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated subset of {list(VARIANTS)}")
+                        help=f"comma-separated subset of {list(VARIANTS)}, each FSDP2 one optionally with "
+                             f"+modifiers: prefetch<N>, {', '.join(MODIFIERS)} (see the module's docstring)")
     parser.add_argument("--nprocs", help="comma-separated GPU counts (e.g. 1,2,4): run the job under torchrun at "
                                          "each and write one file with every count and the scaling efficiency")
     parser.add_argument("--layers", type=int,
