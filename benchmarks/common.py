@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -230,6 +231,45 @@ def profile_step(step) -> list[dict]:
     rows.sort(key=lambda row: -row["gpu_ms"])
     total = sum(row["gpu_ms"] for row in rows)
     return [{"kernel": "<all kernels>", "calls": sum(r["calls"] for r in rows), "gpu_ms": round(total, 3)}] + rows[:40]
+
+
+# A profiled step's kernels by what they do, first match wins, matched against the names torch.profiler reports on
+# NVIDIA GPUs (``profile_step`` keeps 120 characters of each, so C++ template names arrive cut).
+PROFILE_CATEGORIES = (
+    ("nccl", ("nccl",)),
+    ("attention", ("sdpa", "flash", "fmha", "cudnn::fusion", "attention")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
+    ("adamw", ("FusedOpti", "adam", "Adam")),
+    # FSDP2's all-gather copy-in (_foreach_copy_), copy-out and reduce-scatter input; other foreach operations
+    # (a foreach optimizer) land here too.
+    ("fsdp2_copies", ("split_with_sizes_copy", "chunk_cat", "multi_tensor_apply")),
+    ("inductor", ("triton_",)),
+    ("copies", ("Memcpy", "Memset", "copy_kernel", "CatArrayBatchedCopy")),
+)
+
+
+def profile_by_category(kernels: list[dict]) -> dict[str, float]:
+    """GPU ms per category (:data:`PROFILE_CATEGORIES`) of a :func:`profile_step` list; ``kernels`` is any other
+    Triton kernel (kernelize's, Liger's: a bare name ending in ``_kernel``), ``other`` the rest (eager's
+    elementwise kernels among them). NCCL runs beside the rest, so the categories add up to more than the step.
+
+    Example:
+        >>> profile_by_category([{"kernel": "<all kernels>", "calls": 3, "gpu_ms": 6.0},
+        ...                      {"kernel": "nvjet_sm90_tst_256x128", "calls": 1, "gpu_ms": 4.0},
+        ...                      {"kernel": "_rms_norm_fwd_kernel", "calls": 1, "gpu_ms": 1.5},
+        ...                      {"kernel": "ncclDevKernel_AllGather_RING_LL", "calls": 1, "gpu_ms": 0.5}])
+        {'gemm': 4.0, 'kernels': 1.5, 'nccl': 0.5}
+    """
+    totals: dict[str, float] = {}
+    for row in kernels:
+        name = row["kernel"]
+        if name == "<all kernels>":
+            continue
+        category = next((c for c, patterns in PROFILE_CATEGORIES if any(p in name for p in patterns)), None)
+        if category is None:
+            category = "kernels" if re.fullmatch(r"\w+_kernel", name) or name.startswith("liger") else "other"
+        totals[category] = round(totals.get(category, 0.0) + row["gpu_ms"], 3)
+    return totals
 
 
 def host_profile_step(step, device: torch.device, *, top: int = 30) -> dict:

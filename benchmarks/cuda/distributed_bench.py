@@ -107,6 +107,7 @@ from benchmarks.common import environment
 from benchmarks.common import fp8_linear_config
 from benchmarks.common import host_profile_step
 from benchmarks.common import modeling_globals_kept
+from benchmarks.common import profile_by_category
 from benchmarks.common import profile_step
 from benchmarks.common import require_cuda_kernels
 from benchmarks.common import settle_cpp_extension
@@ -501,7 +502,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         kernels = profile_step(lambda: step(batches[0]))
         _sync(device)
         if dist.get_rank() == 0:
-            result["profile_one_step"] = {"wall_ms": round(1e3 * (time.perf_counter() - start), 2), "kernels": kernels}
+            result["profile_one_step"] = {"wall_ms": round(1e3 * (time.perf_counter() - start), 2), "kernels": kernels,
+                                          "by_category_ms": profile_by_category(kernels)}
     if args.host_profile:
         _sync(device)
         profiled = host_profile_step(lambda: step(batches[0]), device)
@@ -517,6 +519,47 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     if how in ZERO_STAGE and hasattr(runner, "destroy"):
         runner.destroy()  # the engine's hooks and buffers, before the next variant builds its model
     return result  # the model and optimizer die here; the next variant's _free() returns their memory
+
+
+def step_accounting(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the profiled steps' GPU time went (``--profile``: :func:`benchmarks.common.profile_by_category` of each
+    row) and the bound it sets for a kernelized step: the fastest profiled eager-mode kernelize row's GEMMs,
+    attention, FSDP2 copies and AdamW as measured, plus the floor's memory-bound work at HBM bandwidth. None without
+    a profiled eager row and such a kernelize row with a floor.
+
+    Example:
+        >>> row = lambda step, **ms: {"step_ms": step, "tokens_per_s": 1e3 / step, "profile_one_step":
+        ...                           {"by_category_ms": ms}}
+        >>> rows = {"eager": row(500.0, gemm=265.0, other=110.0),
+        ...         "kernelize_before": {**row(430.0, gemm=288.0, fsdp2_copies=48.0), "kernelize": "before",
+        ...                              "compiled": False, "floor": {"breakdown_ms": {"gemm": 263.0,
+        ...                              "attention": 35.0, "memory_bound": 15.0}}}}
+        >>> step_accounting(rows)["kernelized_bound_ms"], step_accounting(rows)["bound_vs_eager"]
+        (351.0, 1.425)
+    """
+    profiled = {name: row for name, row in rows.items()
+                if (row.get("profile_one_step") or {}).get("by_category_ms") and row.get("step_ms")}
+    kernelized = [name for name, row in profiled.items()
+                  if row.get("kernelize") and not row.get("compiled") and isinstance(row.get("floor"), dict)]
+    if "eager" not in profiled or not kernelized:
+        return None
+    best = max(kernelized, key=lambda name: rows[name]["tokens_per_s"])
+    by = {name: {**row["profile_one_step"]["by_category_ms"], "step_ms": round(row["step_ms"], 1)}
+          for name, row in profiled.items()}
+    floor_ms = rows[best]["floor"]["breakdown_ms"]
+    bound = sum(by[best].get(part, 0.0) for part in ("gemm", "attention", "fsdp2_copies", "adamw"))
+    bound = round(bound + floor_ms["memory_bound"], 1)
+    accounting = {
+        "what": ("GPU time per category in one profiled step on rank 0 (benchmarks.common.profile_by_category; NCCL "
+                 "runs beside the rest) and the bound it sets: a kernelized step whose GEMMs, attention, FSDP2 "
+                 f"copies and AdamW take what they took in {best}'s step and whose memory-bound work runs at the "
+                 "floor's HBM bandwidth"),
+        "kernelized": best, "by_variant_ms": by, "gemm_floor_ms": floor_ms["gemm"],
+        "attention_floor_ms": floor_ms["attention"], "memory_bound_floor_ms": floor_ms["memory_bound"],
+        "kernelized_bound_ms": bound, "bound_vs_eager": round(by["eager"]["step_ms"] / bound, 3)}
+    if "liger" in by:
+        accounting["bound_vs_liger"] = round(by["liger"]["step_ms"] / bound, 3)
+    return accounting
 
 
 def kernelize_config(base: str, modifiers: list[str]) -> dict[str, Any] | None:
@@ -933,8 +976,10 @@ def main() -> None:
     if rank == 0:
         ratios = compare(rows)
         checks = targets(rows, ratios, world=dist.get_world_size())
+        accounting = step_accounting(rows)
         write_json(args.out, {**payload, "variants": rows, "ratios_vs_eager": ratios, "targets": checks,
-                              "all_targets_met": all(c["met"] for c in checks)})
+                              "all_targets_met": all(c["met"] for c in checks),
+                              **({"step_accounting": accounting} if accounting else {})})
         print_table(rows, ratios, checks)
         print(f"wrote {args.out}", flush=True)
     dist.destroy_process_group()

@@ -120,8 +120,8 @@ def distributed_section(stem: str, data: dict, chart_dir: str | None) -> list[st
 
 
 _ACCOUNTING = (("gemm", "GEMMs"), ("attention", "attention"), ("fsdp2_copies", "FSDP2 copies"), ("adamw", "AdamW"),
-               ("kernels", "Triton kernels (kernelize's, Liger's)"), ("other", "other"),
-               ("nccl", "NCCL (overlapped)"))
+               ("kernels", "Triton kernels (kernelize's, Liger's)"), ("inductor", "Inductor's kernels"),
+               ("copies", "copies, fills"), ("other", "other"), ("nccl", "NCCL (beside the rest)"))
 
 
 def _step_accounting(accounting: dict | None) -> list[str]:
