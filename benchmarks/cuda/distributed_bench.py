@@ -586,12 +586,16 @@ def cudagraph_record(device: torch.device) -> dict[str, Any]:
     # Inductor keeps its graph trees in thread-local storage, one manager per device (absent on the CPU).
     if device.type != "cuda" or not torch._C._is_key_in_tls("tree_manager_containers"):
         return record
-    containers = torch._C._get_obj_in_tls("tree_manager_containers")
-    manager = getattr(containers.get(device.index), "tree_manager", None)
-    if manager is not None:
-        # itertools.count shows its next value only through repr: count(N).
+    manager = getattr(torch._C._get_obj_in_tls("tree_manager_containers").get(device.index), "tree_manager", None)
+    if manager is None:
+        return record
+    try:
+        # Private attributes of PyTorch 2.11's tree manager; itertools.count shows its next value only through
+        # repr (count(N)).
         record["graphs_recorded"] = int(re.sub(r"\D", "", repr(manager.graph_counter)) or 0)
         record["rerecords"] = sum(sum(per.values()) for per in manager.num_rerecord.values())
+    except (AttributeError, TypeError, ValueError) as exc:  # another PyTorch: the counters alone
+        record["tree_manager"] = f"not read: {type(exc).__name__}: {exc}"
     return record
 
 
