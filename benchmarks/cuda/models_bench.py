@@ -22,7 +22,8 @@ settling process and earlier rows filled, as every later run does), and ``@name:
 variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``); a modifier ``+chunk<N>`` sets the fused
 loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
 (``kernelize_s``) and together with it (``to_first_step_s``: from the model's preparation to the end of its first
-step). ``--profile`` adds the GPU time per kernel of one more step to each row.
+step). ``--profile`` adds the GPU time per kernel of one more step to each row, and that time by kind of kernel
+(``profile_by_category_ms``: GEMMs, attention, AdamW, the Triton kernels, ...; :func:`benchmarks.common.profile_by_category`).
 
 Before the timed processes one untimed process per model trains a step kernelized and waits for kernels-triton's
 C++ extension: the first pays what only a machine's first CUDA process pays (reading the CUDA
@@ -70,6 +71,7 @@ from benchmarks.common import enable_checkpointing
 from benchmarks.common import environment
 from benchmarks.common import fp8_linear_config
 from benchmarks.common import parse_side
+from benchmarks.common import profile_by_category
 from benchmarks.common import profile_step
 from benchmarks.common import pyplot
 from benchmarks.common import python_m
@@ -245,6 +247,8 @@ def train(model_name: str, row_name: str, *, steps: int, warmup: int, tokens: tu
         result["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
     if profile and device == "cuda":
         result["profile_one_step"] = profile_step(step)
+        # Where the step's time beyond its floor goes, by kind of kernel (GEMMs, attention, the kernels, ...).
+        result["profile_by_category_ms"] = profile_by_category(result["profile_one_step"])
     return result
 
 
