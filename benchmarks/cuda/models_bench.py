@@ -23,7 +23,8 @@ variable in its process (``kernelize@nowarm:KERNELS_TRITON_WARMUP=0``); a modifi
 loss's token chunks to about N rows. Kernelize's own seconds are recorded apart from the first step's
 (``kernelize_s``) and together with it (``to_first_step_s``: from the model's preparation to the end of its first
 step). ``--profile`` adds the GPU time per kernel of one more step to each row, and that time by kind of kernel
-(``profile_by_category_ms``: GEMMs, attention, AdamW, the Triton kernels, ...; :func:`benchmarks.common.profile_by_category`).
+(``profile_by_category_ms``: GEMMs, attention, AdamW, the Triton kernels, ...;
+:func:`benchmarks.common.profile_by_category`).
 
 Before the timed processes one untimed process per model trains a step kernelized and waits for kernels-triton's
 C++ extension: the first pays what only a machine's first CUDA process pays (reading the CUDA
