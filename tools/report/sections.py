@@ -136,8 +136,9 @@ def _step_accounting(accounting: dict | None) -> list[str]:
             f"Alone, these GEMMs take {accounting['gemm_floor_ms']:.1f} ms, attention "
             f"{accounting['attention_floor_ms']:.1f} ms and the memory-bound work "
             f"{accounting['memory_bound_floor_ms']:.1f} ms at HBM bandwidth. Bound for the kernelized step: "
-            f"{accounting['kernelized_bound_ms']:.1f} ms, "
-            f"{accounting['bound_vs_eager']:.2f}x eager's step and {accounting['bound_vs_liger']:.2f}x Liger's.", ""]
+            f"{accounting['kernelized_bound_ms']:.1f} ms, {accounting['bound_vs_eager']:.2f}x eager's step"
+            # step_accounting writes a Liger ratio only where the run profiled a Liger row.
+            + (f" and {accounting['bound_vs_liger']:.2f}x Liger's." if "bound_vs_liger" in accounting else "."), ""]
 
 
 def _localstep_and_trace(runs: list[tuple[int, dict]]) -> list[str]:
