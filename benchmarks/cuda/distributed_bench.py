@@ -362,6 +362,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     _free(device)
     reshard = not (args.no_reshard or "noreshard" in modifiers)
     prefetch = next((int(m.group(1)) for m in map(PREFETCH.fullmatch, modifiers) if m), None)
+    graphs = "cudagraphs" in modifiers  # compiled layers replayed as CUDA graphs (variant_problem: compiled only)
     result: dict[str, Any] = {"variant": name, "wrapper": how, "kernelize": order, "compiled": compiled,
                               "peft": args.peft, "reshard_after_forward": reshard, "prefetch": prefetch}
     if base in FP8:
@@ -390,9 +391,8 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     if compiled:
         # Each decoder layer compiled on its own, then sharded: FSDP2's hooks stay outside the compiled graphs.
         layers = decoder_layers(model)
-        graphs = "cudagraphs" in modifiers
         for index, layer in enumerate(layers):
-            layers[index] = torch.compile(layer, mode="reduce-overhead") if graphs else torch.compile(layer)
+            layers[index] = torch.compile(layer, mode="reduce-overhead" if graphs else None)
     fused = args.optimizer == "fused" and device.type == "cuda"
     batch_size = batches.shape[1]
     if how in ZERO_STAGE:
@@ -437,7 +437,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
             result["optimizer"] = step_on_local_shards(opt).describe()
 
         def step(batch: torch.Tensor) -> torch.Tensor:
-            if "cudagraphs" in modifiers:
+            if graphs:
                 # A new step: the graphs' outputs of the last one (activations, gradients) are no longer read.
                 torch.compiler.cudagraph_mark_step_begin()
             loss = runner(input_ids=batch, labels=batch).loss
@@ -485,7 +485,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
         peak_GiB=None if peak is None else round(max(peaks), 4),
         losses=[round(v, 6) for v in mean_losses.tolist()],
     )
-    if "cudagraphs" in modifiers:
+    if graphs:
         result["cudagraphs"] = cudagraph_record(device)
     if args.localstep_ab and how == "fsdp":
         result["localstep_ab"] = localstep_ab(step, opt, batches, device, rounds=args.localstep_ab,
