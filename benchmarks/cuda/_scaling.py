@@ -33,6 +33,7 @@ def child_args(args: argparse.Namespace, out: pathlib.Path) -> list[str]:
             "--optimizer", args.optimizer, "--layers-per-unit", str(args.layers_per_unit)]
     argv += ["--layers", str(args.layers)] if args.layers else []
     argv += ["--peft", args.peft] if getattr(args, "peft", None) else []
+    argv += ["--gc", args.gc] if getattr(args, "gc", "default") != "default" else []
     argv += [flag for flag, on in (("--tiny", args.tiny), ("--print-report", args.print_report),
                                    ("--no-reshard", args.no_reshard), ("--profile", args.profile),
                                    ("--host-profile", args.host_profile),

@@ -65,7 +65,10 @@ rotary embedding, gated MLP) to Inductor (kernelize ``config`` with ``enabled = 
 loss, attention, mask and MoE kernels. Each kernelize
 before / after pair with the same modifiers (and ``kernelize_compile`` / ``kernelize_compile_after``) is compared:
 tokens/s within 3% (median of ``--rounds`` alternating rounds) and identical kernel choices. On one GPU the
-kernelized variants' target is >= 1.6x eager.
+kernelized variants' target is >= 1.6x eager. Every row lists how long the host took to issue each timed step
+(``host_issue_ms_each_step``, no synchronisation): in a host-bound step a pause shows there. ``--gc freeze``
+calls ``gc.freeze()`` after each variant's warm-up, so that no collection walks what the model and its compiled
+graphs keep alive, and ``gc.unfreeze()`` after its timed steps.
 
 **Floor accounting** (:mod:`benchmarks.cuda.floor`; ``--no-floor`` skips it): before the variants every rank times
 the step's parts alone (GEMMs with cuBLAS, SDPA, memory-bound work and AdamW at the copy bandwidth) and FSDP2's
@@ -84,6 +87,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import itertools
 import os
 import pathlib
 import re
@@ -298,6 +302,35 @@ def deepspeed_engine(model: torch.nn.Module, *, stage: int, batch: int, optimize
     return engine
 
 
+class CollectorPauses:
+    """A ``gc.callbacks`` entry: how many collections of each generation ran, and for how long in all.
+
+    Example:
+        >>> pauses = CollectorPauses()
+        >>> gc.callbacks.append(pauses)
+        >>> _ = gc.collect()
+        >>> gc.callbacks.remove(pauses)
+        >>> pauses.summary()["2"]["count"]
+        1
+    """
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._count = [0, 0, 0]
+        self._seconds = [0.0, 0.0, 0.0]
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._count[info["generation"]] += 1
+            self._seconds[info["generation"]] += time.perf_counter() - self._started
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per generation: collections and their total milliseconds."""
+        return {str(g): {"count": self._count[g], "ms": round(1e3 * self._seconds[g], 2)} for g in range(3)}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -463,11 +496,27 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device, batch
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if args.gc == "freeze":
+        # What long-running training loops do against collector pauses: everything alive after the warm-up (the
+        # model, compiled graphs, imported modules) moves to the permanent generation, which no collection walks.
+        gc.collect()
+        gc.freeze()
+    pauses = CollectorPauses()
+    gc.callbacks.append(pauses)
     start = time.perf_counter()
-    for i in range(args.steps):
-        losses.append(step(batches[args.warmup + i]))
-    _sync(device)  # the barrier makes the clock include the slowest rank
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    issued = [start]  # when the host finished issuing each step (no synchronisation: the GPU may still run it)
+    try:
+        for i in range(args.steps):
+            losses.append(step(batches[args.warmup + i]))
+            issued.append(time.perf_counter())
+        _sync(device)  # the barrier makes the clock include the slowest rank
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    finally:
+        gc.callbacks.remove(pauses)
+        if args.gc == "freeze":
+            gc.unfreeze()  # this variant's objects become collectable again before the next one is built
+    result["gc_during_timed_steps"] = pauses.summary()
+    result["host_issue_ms_each_step"] = [round(1e3 * (b - a), 1) for a, b in itertools.pairwise(issued)]
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
 
     mean_losses = torch.stack(losses).float()
@@ -879,6 +928,9 @@ def main() -> None:
                              "GPU), with its summary in the row: GPU busy and idle time, blocking runtime calls")
     parser.add_argument("--print-report", action="store_true", help="print each kernelize report table (rank 0)")
     parser.add_argument("--no-floor", action="store_true", help="no floor accounting (benchmarks.cuda.floor)")
+    parser.add_argument("--gc", choices=("default", "freeze"), default="default",
+                        help="Python's garbage collector over the timed steps: as it is, or gc.freeze() after the "
+                             "warm-up (no collection walks what the model and its compiled graphs keep alive)")
     parser.add_argument("--repeats", "--rounds", type=int, default=1,
                         help="run the whole variant list this many times, interleaved, and report each variant's "
                              "median tokens/s (a shared machine's drift then hits every variant alike)")
@@ -938,7 +990,8 @@ def main() -> None:
                    "compile variants: torch.compile per decoder layer before fully_shard; "
                    f"{fp8}{zero}{peft}"
                    f"AdamW({args.optimizer} on CUDA, lr 1e-5); batch {batch} x {seq} per rank; "
-                   "seeds: model 0, data 1000 + rank"),
+                   "seeds: model 0, data 1000 + rank"
+                   f"{'; gc.freeze() after each variant warm-up' if args.gc == 'freeze' else ''}"),
         "steps_timed": args.steps,
         "steps_warmup": args.warmup,
         "losses_are": "mean over ranks, every step (warm-up first)",
