@@ -171,6 +171,47 @@ PAGE_ONLY = {"distributed-repeats-fused-1xh200", "distributed-repeats-foreach-1x
               "distributed-llama-3.1-8b-nccl-ctas-2xh200"}
 
 
+# The one-GPU FSDP2 recipes of the integrations page, as distributed_bench variants: (name, kernelize before
+# fully_shard, kernelize after it).
+FSDP2_RECIPES = (("eager mode", "kernelize_before+localstep+noreshard+prefetch2",
+                  "kernelize_after+localstep+noreshard+prefetch2"),
+                 ("per-layer compile", "kernelize_compile+localstep+noreshard+prefetch2+compilenative",
+                  "kernelize_compile_after+localstep+noreshard+prefetch2+compilenative"))
+# The eager-mode recipe under a second name (modifiers in another order, the same code): an A/A pair.
+FSDP2_RECIPE_AA = ("kernelize_before+localstep+noreshard+prefetch2", "kernelize_before+noreshard+prefetch2+localstep")
+
+
+def fsdp2_recipe_runs(results: dict[str, dict]) -> list[dict]:
+    """Every one-GPU distributed_bench run (a file, or one process of a file of several) with eager and a variant of
+    :data:`FSDP2_RECIPES`: its file, process, commit, rounds, eager tokens/s and each variant's ratio to eager.
+
+    Example:
+        >>> run = {"variants": {"eager": {"tokens_per_s": 100.0},
+        ...                     FSDP2_RECIPES[0][1]: {"tokens_per_s": 150.0}}, "environment": {"commit": "abc"}}
+        >>> [(r["file"], r["ratios"]) for r in fsdp2_recipe_runs({"distributed-x": run})]
+        [('distributed-x', {'kernelize_before+localstep+noreshard+prefetch2': 1.5})]
+    """
+    names = {name for _, *pair in FSDP2_RECIPES for name in pair} | set(FSDP2_RECIPE_AA)
+    out = []
+    for stem, data in results.items():
+        if not stem.startswith("distributed-") or gpu_count(data) != 1:
+            continue
+        runs = [(None, data)] if data.get("variants") else []
+        runs += list((data.get("processes") or {}).items())
+        for process, run in runs:
+            variants = run["variants"]
+            eager = variants.get("eager", {}).get("tokens_per_s")
+            ratios = {name: row["tokens_per_s"] / eager for name, row in variants.items()
+                      if name in names and eager and row.get("tokens_per_s")}
+            peak = variants.get("eager", {}).get("peak_GiB")
+            if ratios:
+                out.append({"file": stem, "process": process, "commit": commit_of(data), "eager": eager,
+                            "rounds": len(variants["eager"].get("tokens_per_s_each_round", [eager])),
+                            "ratios": ratios, "peaks": {name: variants[name]["peak_GiB"] / peak for name in ratios
+                                                        if peak and variants[name].get("peak_GiB")}})
+    return out
+
+
 # distributed_bench variants in the headline, with the baseline each is compared with.
 DISTRIBUTED_HEADLINE = (("kernelize_before", "kernelize, then `fully_shard`", "eager"),
                          ("kernelize_before+localstep", "kernelize, then `fully_shard`, AdamW on local shards "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from tools.report.data import FSDP2_RECIPE_AA
+from tools.report.data import FSDP2_RECIPES
 from tools.report.data import MODEL_NAMES
 from tools.report.data import commit_of
 from tools.report.data import device_of
@@ -13,6 +15,7 @@ from tools.report.data import gpu_count
 from tools.report.data import gpu_counts
 from tools.report.data import long_device
 from tools.report.data import markdown_table
+from tools.report.data import median
 from tools.report.data import model_name
 from tools.report.data import short_device
 
@@ -43,6 +46,49 @@ def trainer_section(stem: str, data: dict, chart_dir: str | None) -> list[str]:
     if chart_dir is not None:
         parts += [f"![{stem}]({chart_dir}/{stem}.svg)", ""]
     return parts
+
+
+def fsdp2_recipe_section(runs: list[dict]) -> list[str]:
+    """Every one-GPU run of the FSDP2 recipes (:func:`tools.report.data.fsdp2_recipe_runs`), and their medians."""
+    if not runs:
+        return []
+
+    def ratio(run: dict, name: str) -> float | None:
+        return run["ratios"].get(name)
+
+    def pair(run: dict, first: str, second: str) -> float | None:
+        a, b = ratio(run, first), ratio(run, second)
+        return None if a is None or b is None else a / b
+
+    columns = [(f"{label}: before", lambda r, n=before: ratio(r, n)) for label, before, _ in FSDP2_RECIPES]
+    columns += [(f"{label}: after", lambda r, n=after: ratio(r, n)) for label, _, after in FSDP2_RECIPES]
+    columns += [(f"{label}: before / after", lambda r, b=before, a=after: pair(r, b, a))
+                for label, before, after in FSDP2_RECIPES]
+    columns += [("A/A", lambda r: pair(r, *FSDP2_RECIPE_AA))]
+    values = [[get(run) for _, get in columns] for run in runs]
+    table = [(f"`{run['file']}.json`" + (f" ({run['process']})" if run["process"] else ""), f"`{run['commit']}`",
+              str(run["rounds"]), f"{run['eager']:,.0f}", *(f"{v:.2f}" if v is not None else "-" for v in row))
+             for run, row in zip(runs, values, strict=True)]
+    medians = []
+    for index in range(len(columns)):
+        present = [row[index] for row in values if row[index] is not None]
+        medians.append(f"**{median(present):.2f}** ({len(present)})" if present else "-")
+    table.append(("median over runs (how many)", "", "", "", *medians))
+    before = [row[0] for row in values if row[0] is not None]
+    compiled = [row[1] for row in values if row[1] is not None]
+    return ["## FSDP2 on one GPU: the host-bound recipes, every run", "",
+            "The Qwen3-0.6B shape under FSDP2 on one H200, one unit per decoder layer, foreach AdamW, 4 x 2048 "
+            "tokens: every `distributed_bench.py` run of the integrations page's recipes (gathered layers kept to "
+            "backward, two prefetched, AdamW on the local shards; in eager mode, and with each decoder layer compiled "
+            "and the elementwise kinds left to Inductor), before and after `fully_shard`. A ratio is the variant's "
+            "median round over eager's in the same run; `A/A` is the eager-mode recipe over itself under a second "
+            "name (the same code): how far two identical variants' medians fall apart on the same host. Each file's "
+            "section says where it ran.", "",
+            markdown_table(("run", "commit", "rounds", "eager tokens/s",
+                            *(f"vs eager, {name}" if "/" not in name and name != "A/A" else name
+                              for name, _ in columns)), table), "",
+            f"The eager-mode recipe reached 1.6x eager in {sum(v >= 1.6 for v in before)} of {len(before)} runs, the "
+            f"per-layer compile recipe in {sum(v >= 1.6 for v in compiled)} of {len(compiled)}.", ""]
 
 
 def _loss_diff(data: dict, variant: str) -> str:
