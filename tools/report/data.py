@@ -177,8 +177,12 @@ FSDP2_RECIPES = (("eager mode", "kernelize_before+localstep+noreshard+prefetch2"
                   "kernelize_after+localstep+noreshard+prefetch2"),
                  ("per-layer compile", "kernelize_compile+localstep+noreshard+prefetch2+compilenative",
                   "kernelize_compile_after+localstep+noreshard+prefetch2+compilenative"))
-# The eager-mode recipe under a second name (modifiers in another order, the same code): an A/A pair.
-FSDP2_RECIPE_AA = ("kernelize_before+localstep+noreshard+prefetch2", "kernelize_before+noreshard+prefetch2+localstep")
+# Each recipe (kernelized before fully_shard) and itself under a second name, modifiers in another order: the same
+# code twice, an A/A pair.
+FSDP2_RECIPE_AA = (("eager mode", "kernelize_before+localstep+noreshard+prefetch2",
+                    "kernelize_before+noreshard+prefetch2+localstep"),
+                   ("per-layer compile", "kernelize_compile+localstep+noreshard+prefetch2+compilenative",
+                    "kernelize_compile+noreshard+prefetch2+localstep+compilenative"))
 
 
 def fsdp2_recipe_runs(results: dict[str, dict]) -> list[dict]:
@@ -191,7 +195,7 @@ def fsdp2_recipe_runs(results: dict[str, dict]) -> list[dict]:
         >>> [(r["file"], r["ratios"]) for r in fsdp2_recipe_runs({"distributed-x": run})]
         [('distributed-x', {'kernelize_before+localstep+noreshard+prefetch2': 1.5})]
     """
-    names = {name for _, *pair in FSDP2_RECIPES for name in pair} | set(FSDP2_RECIPE_AA)
+    names = {name for _, *pair in (*FSDP2_RECIPES, *FSDP2_RECIPE_AA) for name in pair}
     out = []
     for stem, data in results.items():
         if not stem.startswith("distributed-") or gpu_count(data) != 1:

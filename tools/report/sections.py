@@ -64,7 +64,8 @@ def fsdp2_recipe_section(runs: list[dict]) -> list[str]:
     columns += [(f"{label}: after", lambda r, n=after: ratio(r, n)) for label, _, after in FSDP2_RECIPES]
     columns += [(f"{label}: before / after", lambda r, b=before, a=after: pair(r, b, a))
                 for label, before, after in FSDP2_RECIPES]
-    columns += [("A/A", lambda r: pair(r, *FSDP2_RECIPE_AA))]
+    columns += [(f"{label}: A/A", lambda r, a=first, b=second: pair(r, a, b))
+                for label, first, second in FSDP2_RECIPE_AA]
     values = [[get(run) for _, get in columns] for run in runs]
     table = [(f"`{run['file']}.json`" + (f" ({run['process']})" if run["process"] else ""), f"`{run['commit']}`",
               str(run["rounds"]), f"{run['eager']:,.0f}", *(f"{v:.2f}" if v is not None else "-" for v in row))
@@ -81,12 +82,11 @@ def fsdp2_recipe_section(runs: list[dict]) -> list[str]:
             "tokens: every `distributed_bench.py` run of the integrations page's recipes (gathered layers kept to "
             "backward, two prefetched, AdamW on the local shards; in eager mode, and with each decoder layer compiled "
             "and the elementwise kinds left to Inductor), before and after `fully_shard`. A ratio is the variant's "
-            "median round over eager's in the same run; `A/A` is the eager-mode recipe over itself under a second "
-            "name (the same code): how far two identical variants' medians fall apart on the same host. Each file's "
-            "section says where it ran.", "",
+            "median round over eager's in the same run; `A/A` is a recipe over itself under a second name (the same "
+            "code): how far two identical variants' medians fall apart on the same host. Each file's section says "
+            "where it ran.", "",
             markdown_table(("run", "commit", "rounds", "eager tokens/s",
-                            *(f"vs eager, {name}" if "/" not in name and name != "A/A" else name
-                              for name, _ in columns)), table), "",
+                            *(name if "/" in name else f"vs eager, {name}" for name, _ in columns)), table), "",
             f"The eager-mode recipe reached 1.6x eager in {sum(v >= 1.6 for v in before)} of {len(before)} runs, the "
             f"per-layer compile recipe in {sum(v >= 1.6 for v in compiled)} of {len(compiled)}.", ""]
 
