@@ -187,7 +187,8 @@ FSDP2_RECIPE_AA = (("eager mode", "kernelize_before+localstep+noreshard+prefetch
 
 def fsdp2_recipe_runs(results: dict[str, dict]) -> list[dict]:
     """Every one-GPU distributed_bench run (a file, or one process of a file of several) with eager and a variant of
-    :data:`FSDP2_RECIPES`: its file, process, commit, rounds, eager tokens/s and each variant's ratio to eager.
+    :data:`FSDP2_RECIPES`: its file (and the file's ``what``), process, commit, rounds, eager tokens/s, and each
+    variant's ratio to eager in tokens/s and peak memory.
 
     Example:
         >>> run = {"variants": {"eager": {"tokens_per_s": 100.0},
@@ -209,7 +210,8 @@ def fsdp2_recipe_runs(results: dict[str, dict]) -> list[dict]:
                       if name in names and eager and row.get("tokens_per_s")}
             peak = variants.get("eager", {}).get("peak_GiB")
             if ratios:
-                out.append({"file": stem, "process": process, "commit": commit_of(data), "eager": eager,
+                out.append({"file": stem, "what": data.get("what"), "process": process, "commit": commit_of(data),
+                            "eager": eager,
                             "rounds": len(variants["eager"].get("tokens_per_s_each_round", [eager])),
                             "ratios": ratios, "peaks": {name: variants[name]["peak_GiB"] / peak for name in ratios
                                                         if peak and variants[name].get("peak_GiB")}})

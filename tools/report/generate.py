@@ -98,10 +98,10 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
     out: list[dict] = []
 
     def add(stem: str, what: str, against: str, ratio: float | None, speed: str, memory: str, commit: str, *,
-            device: str | None = None, label: str | None = None, file: str | None = None) -> None:
+            device: str | None = None, label: str | None = None) -> None:
         out.append({"what": what, "device": device or short_device(results[stem]), "against": against,
-                    "ratio": ratio, "speed": speed, "memory": memory, "commit": commit,
-                    "file": file or f"{stem}.json", "label": label})
+                    "ratio": ratio, "speed": speed, "memory": memory, "commit": commit, "file": f"{stem}.json",
+                    "label": label})
 
     if "trainer-qwen3-0.6b-h100" in results:
         stem = "trainer-qwen3-0.6b-h100"
@@ -235,7 +235,8 @@ def headline_rows(results: dict[str, dict]) -> list[dict]:
                 f"{ratio['peak']:.2f}x" + ("" if liger is None else f" / {liger['peak']:.2f}x")
                 + f" ({variants[variant]['peak_GiB']:.1f} GiB/GPU)", commit_of(data))
     # The one-GPU FSDP2 recipe with per-layer compile: its median over every run (the host-bound step varies
-    # from run to run more than any one run's rounds show).
+    # from run to run more than any one run's rounds show). The row links one of the files; the benchmarks page's
+    # recipe section lists every run.
     recipe = FSDP2_RECIPES[1][1]
     runs = [run for run in fsdp2_recipe_runs(results) if recipe in run["ratios"]]
     if runs:

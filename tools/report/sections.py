@@ -83,12 +83,15 @@ def fsdp2_recipe_section(runs: list[dict]) -> list[str]:
             "backward, two prefetched, AdamW on the local shards; in eager mode, and with each decoder layer compiled "
             "and the elementwise kinds left to Inductor), before and after `fully_shard`. A ratio is the variant's "
             "median round over eager's in the same run; `A/A` is a recipe over itself under a second name (the same "
-            "code): how far two identical variants' medians fall apart on the same host. Each file's section says "
-            "where it ran.", "",
+            "code): how far two identical variants' medians fall apart on the same host.", "",
             markdown_table(("run", "commit", "rounds", "eager tokens/s",
                             *(name if "/" in name else f"vs eager, {name}" for name, _ in columns)), table), "",
             f"The eager-mode recipe reached 1.6x eager in {sum(v >= 1.6 for v in before)} of {len(before)} runs, the "
-            f"per-layer compile recipe in {sum(v >= 1.6 for v in compiled)} of {len(compiled)}.", ""]
+            f"per-layer compile recipe in {sum(v >= 1.6 for v in compiled)} of {len(compiled)}. Where and how each "
+            "file's runs were made:", "",
+            *(f"- `{stem}.json`: {what}" for stem, what in dict.fromkeys((run["file"], run["what"]) for run in runs)
+              if what),
+            ""]
 
 
 def _loss_diff(data: dict, variant: str) -> str:
